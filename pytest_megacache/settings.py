@@ -1,0 +1,139 @@
+"""Settings, resolved once: command line, then environment variable, then ini file, then default."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MODES = ("readwrite", "read", "write", "off")
+
+
+class SettingsError(ValueError):
+    """A bad setting; the message names where the value came from."""
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # dataclass field
+    flag: str  # --megacache-...
+    env: str
+    ini: str
+    kind: str  # "str", "bool", "mode", "float", "int"
+    default: Any
+    help: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("bucket", "--megacache-bucket", "MEGACACHE_BUCKET", "megacache_bucket", "str", None,
+           "S3 bucket holding the cache (boto3's standard credential chain)."),
+    Option("prefix", "--megacache-prefix", "MEGACACHE_PREFIX", "megacache_prefix", "str", "pytest-megacache",
+           "Key prefix inside the bucket or directory (default: pytest-megacache)."),
+    Option("endpoint_url", "--megacache-endpoint-url", "MEGACACHE_ENDPOINT_URL", "megacache_endpoint_url", "str", None,
+           "S3 endpoint URL for S3-compatible stores; AWS_ENDPOINT_URL_S3 is honoured too."),
+    Option("directory", "--megacache-dir", "MEGACACHE_DIR", "megacache_dir", "str", None,
+           "Local directory store (for example one persisted by actions/cache)."),
+    Option("mode", "--megacache-mode", "MEGACACHE_MODE", "megacache_mode", "mode", "readwrite",
+           "readwrite (default), read (restore only), write (upload only) or off."),
+    Option("strict", "--megacache-strict", "MEGACACHE_STRICT", "megacache_strict", "bool", False,
+           "Turn cache problems into errors instead of warnings."),
+    Option("report", "--megacache-report", "MEGACACHE_REPORT", "megacache_report", "str", None,
+           "Write a JSON report of what the cache did to this path."),
+    Option("timeout", "--megacache-timeout", "MEGACACHE_TIMEOUT", "megacache_timeout", "float", 120.0,
+           "Seconds a compile waits for the restore before going on cold (default: 120)."),
+    Option("compact_after", "--megacache-compact-after", "MEGACACHE_COMPACT_AFTER", "megacache_compact_after", "int", 8,
+           "Merge a fingerprint's objects into one once it has more than this many (default: 8)."),
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Settings:
+    bucket: str | None = None
+    prefix: str = "pytest-megacache"
+    endpoint_url: str | None = None
+    directory: str | None = None
+    mode: str = "readwrite"
+    strict: bool = False
+    report: str | None = None
+    timeout: float = 120.0
+    compact_after: int = 8
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off" and (self.bucket is not None or self.directory is not None)
+
+    @property
+    def reads(self) -> bool:
+        return self.mode in ("readwrite", "read")
+
+    @property
+    def writes(self) -> bool:
+        return self.mode in ("readwrite", "write")
+
+    def store_label(self) -> str:
+        if self.bucket:
+            return f"s3://{self.bucket}/{self.prefix}"
+        if self.directory:
+            return f"dir:{self.directory}/{self.prefix}"
+        return "none"
+
+
+def _convert(opt: Option, value: Any, source: str) -> Any:
+    where = f"{source} ({opt.flag if source == 'command line' else opt.env if source == 'environment' else opt.ini})"
+    if opt.kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise SettingsError(f"{where}: {value!r} is not a boolean (use 1/0, true/false, yes/no)")
+    text = str(value).strip()
+    if opt.kind == "mode":
+        if text not in MODES:
+            raise SettingsError(f"{where}: mode {text!r} is not one of {', '.join(MODES)}")
+        return text
+    if opt.kind in ("float", "int"):
+        try:
+            number = float(text) if opt.kind == "float" else int(text)
+        except ValueError:
+            raise SettingsError(f"{where}: {text!r} is not a number") from None
+        if number <= 0:
+            raise SettingsError(f"{where}: {text!r} must be positive")
+        return number
+    if not text:
+        raise SettingsError(f"{where}: empty value")
+    if opt.name == "bucket" and not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", text):
+        raise SettingsError(f"{where}: {text!r} is not a valid S3 bucket name")
+    if opt.name == "prefix":
+        text = text.strip("/")
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", text) or ".." in text:
+            raise SettingsError(f"{where}: prefix {text!r} may hold only letters, digits, '_.-' and '/'")
+    if opt.name == "endpoint_url" and not re.match(r"https?://", text):
+        raise SettingsError(f"{where}: {text!r} is not an http(s) URL")
+    return text
+
+
+def resolve(
+    cli: Callable[[str], Any],
+    env: Mapping[str, str],
+    ini: Callable[[str], Any],
+) -> Settings:
+    """Resolve every option. ``cli(name)`` and ``ini(name)`` return None when unset."""
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        for source, raw in (("command line", cli(opt.name)), ("environment", env.get(opt.env)), ("ini file", ini(opt.ini))):
+            if raw is None or (source != "command line" and raw == ""):
+                continue
+            values[opt.name] = _convert(opt, raw, source)
+            break
+    settings = Settings(**values)
+    if settings.bucket and settings.directory:
+        raise SettingsError("set either a bucket (--megacache-bucket) or a directory (--megacache-dir), not both")
+    return settings
+

@@ -1,0 +1,294 @@
+"""Where bundles live: a tiny backend interface with S3, local-directory and in-memory implementations.
+
+Objects are immutable and uniquely named; nothing is ever overwritten, so concurrent writers cannot lose
+each other's work, and readers never see a partial object (S3 PUTs are atomic; the directory store
+writes a temp file and renames it). Names are validated on the way in and on the way out of a listing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import StoreError
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+OBJECT_SUFFIX = ".mcb"
+_OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,200}\.mcb")
+_KEY_PART = re.compile(r"[A-Za-z0-9_.+\-]{1,200}")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    name: str  # the object's name inside its folder (no slashes)
+    size: int
+    modified: float  # POSIX seconds
+
+
+def new_object_name() -> str:
+    """A unique, time-sortable object name."""
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{secrets.token_hex(6)}{OBJECT_SUFFIX}"
+
+
+def valid_object_name(name: str) -> bool:
+    return bool(_OBJECT_NAME.fullmatch(name)) and ".." not in name
+
+
+def validate_folder(folder: str) -> str:
+    parts = folder.strip("/").split("/")
+    if not all(_KEY_PART.fullmatch(p) and p not in (".", "..") for p in parts):
+        raise StoreError(f"unsafe folder {folder[:120]!r}", "other")
+    return "/".join(parts)
+
+
+class Store(Protocol):
+    """A flat namespace of folders (``prefix/fingerprint``) holding immutable objects."""
+
+    label: str
+
+    def list(self, folder: str) -> list[ObjectInfo]: ...
+
+    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None: ...
+
+    def put(self, folder: str, name: str, data: bytes) -> None: ...
+
+    def delete(self, folder: str, name: str) -> None: ...
+
+
+class MemoryStore:
+    """In-process reference store for tests."""
+
+    def __init__(self) -> None:
+        self.label = "memory"
+        self.objects: dict[tuple[str, str], tuple[bytes, float]] = {}
+        self._lock = threading.Lock()
+
+    def list(self, folder: str) -> list[ObjectInfo]:
+        folder = validate_folder(folder)
+        with self._lock:
+            return sorted((ObjectInfo(n, len(d), t) for (f, n), (d, t) in self.objects.items() if f == folder),
+                          key=lambda o: o.name)
+
+    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
+        with self._lock:
+            item = self.objects.get((validate_folder(folder), name))
+        if item is None:
+            return None
+        if len(item[0]) > max_bytes:
+            raise StoreError(f"object {name} is {len(item[0])} bytes, over the limit of {max_bytes}", "too-large")
+        return item[0]
+
+    def put(self, folder: str, name: str, data: bytes) -> None:
+        if not valid_object_name(name):
+            raise StoreError(f"bad object name {name!r}")
+        with self._lock:
+            self.objects.setdefault((validate_folder(folder), name), (bytes(data), time.time()))
+
+    def delete(self, folder: str, name: str) -> None:
+        with self._lock:
+            self.objects.pop((validate_folder(folder), name), None)
+
+
+class LocalDirStore:
+    """Objects as files under ``root/folder/``; writes are temp file + ``os.replace``."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.label = f"dir:{self.root}"
+
+    def _dir(self, folder: str) -> Path:
+        return self.root.joinpath(*validate_folder(folder).split("/"))
+
+    def list(self, folder: str) -> list[ObjectInfo]:
+        path = self._dir(folder)
+        out = []
+        try:
+            with os.scandir(path) as it:
+                for item in it:
+                    if valid_object_name(item.name) and item.is_file(follow_symlinks=False):
+                        st = item.stat(follow_symlinks=False)
+                        out.append(ObjectInfo(item.name, st.st_size, st.st_mtime))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list {path}: {exc.strerror or exc}", "io") from exc
+        return sorted(out, key=lambda o: o.name)
+
+    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
+        if not valid_object_name(name):
+            raise StoreError(f"bad object name {name[:80]!r}")
+        path = self._dir(folder) / name
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size > max_bytes:
+                    raise StoreError(f"object {name} is {size} bytes, over the limit of {max_bytes}", "too-large")
+                return fh.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
+
+    def put(self, folder: str, name: str, data: bytes) -> None:
+        if not valid_object_name(name):
+            raise StoreError(f"bad object name {name!r}")
+        path = self._dir(folder)
+        tmp = None
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if (path / name).exists():
+                raise StoreError(f"object {name} already exists", "other")
+            os.replace(tmp, path / name)
+            tmp = None
+        except OSError as exc:
+            raise StoreError(f"cannot write {path / name}: {exc.strerror or exc}", "io") from exc
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+    def delete(self, folder: str, name: str) -> None:
+        if not valid_object_name(name):
+            raise StoreError(f"bad object name {name!r}")
+        try:
+            (self._dir(folder) / name).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"cannot delete {name}: {exc.strerror or exc}", "io") from exc
+
+
+def _classify(exc: BaseException) -> str:
+    from botocore import exceptions as bex
+
+    if isinstance(exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError, bex.ReadTimeoutError,
+                        bex.ConnectionClosedError)):
+        return "unreachable"
+    if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
+        return "credentials"
+    if isinstance(exc, bex.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("NoSuchBucket",):
+            return "no-bucket"
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled"):
+            return "denied"
+    return "other"
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text[:300]
+
+
+class S3Store:
+    """Objects at ``s3://bucket/folder/name``, through a boto3 client passed in or built from settings."""
+
+    def __init__(self, bucket: str, client: Any) -> None:
+        self.bucket = bucket
+        self.client = client
+        self.label = f"s3://{bucket}"
+
+    def _key(self, folder: str, name: str) -> str:
+        if not valid_object_name(name):
+            raise StoreError(f"bad object name {name[:80]!r}")
+        return f"{validate_folder(folder)}/{name}"
+
+    def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(Bucket=self.bucket, **kwargs)
+        except (BotoCoreError, ClientError) as exc:
+            raise StoreError(f"S3 {what} on bucket {self.bucket!r} failed: {_describe(exc)}", _classify(exc)) from exc
+
+    def list(self, folder: str) -> list[ObjectInfo]:
+        base = validate_folder(folder) + "/"
+        out = []
+        token = None
+        while True:
+            kwargs: dict[str, Any] = {"Prefix": base}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._call("list", self.client.list_objects_v2, **kwargs)
+            for item in page.get("Contents", []):
+                name = str(item["Key"])[len(base):]
+                if valid_object_name(name):
+                    out.append(ObjectInfo(name, int(item.get("Size", 0)), item["LastModified"].timestamp()))
+            if not page.get("IsTruncated"):
+                break
+            token = page.get("NextContinuationToken")
+        return sorted(out, key=lambda o: o.name)
+
+    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self._key(folder, name)
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise StoreError(f"S3 get of {key} failed: {_describe(exc)}", _classify(exc)) from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"S3 get of {key} failed: {_describe(exc)}", _classify(exc)) from exc
+        body = response["Body"]
+        try:
+            if int(response.get("ContentLength", 0)) > max_bytes:
+                raise StoreError(f"object {name} is {response['ContentLength']} bytes, over the limit of {max_bytes}",
+                                 "too-large")
+            data: bytes = body.read(max_bytes + 1)
+        except (BotoCoreError, OSError) as exc:
+            raise StoreError(f"S3 read of {key} failed: {_describe(exc)}", _classify(exc)) from exc
+        finally:
+            body.close()
+        if len(data) > max_bytes:
+            raise StoreError(f"object {name} is over the limit of {max_bytes} bytes", "too-large")
+        return data
+
+    def put(self, folder: str, name: str, data: bytes) -> None:
+        self._call("put", self.client.put_object, Key=self._key(folder, name), Body=data,
+                   ContentType="application/octet-stream")
+
+    def delete(self, folder: str, name: str) -> None:
+        self._call("delete", self.client.delete_object, Key=self._key(folder, name))
+
+
+def make_s3_client(endpoint_url: str | None = None, connect_timeout: float = 3.0, read_timeout: float = 30.0,
+                   max_attempts: int = 3) -> Any:
+    """A boto3 S3 client with bounded timeouts and retries. boto3 resolves credentials, the region and
+    ``AWS_ENDPOINT_URL_S3`` itself when ``endpoint_url`` is None."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        retries={"max_attempts": max_attempts, "mode": "standard"},
+        max_pool_connections=16,
+    )
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config, region_name=region)
+
+
+def from_settings(settings: Settings) -> Store:
+    if settings.bucket:
+        return S3Store(settings.bucket, make_s3_client(settings.endpoint_url))
+    if settings.directory:
+        return LocalDirStore(settings.directory)
+    raise StoreError("no store configured (set --megacache-bucket or --megacache-dir)")

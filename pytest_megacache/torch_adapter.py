@@ -1,0 +1,198 @@
+"""The only module that touches torch, and only once the session has started compiling.
+
+Importing torch's compiler stack costs seconds, so nothing here imports torch eagerly. A post-import hook
+waits for ``torch._dynamo`` (which every ``torch.compile`` goes through) and registers a compile-start
+callback; the first compile of the session calls ``on_first_compile`` (which joins the restore and loads
+the bundle) before torch looks anything up in its caches. ``torch._dynamo.reset()`` drops callbacks, so
+:meth:`TorchAdapter.ensure_registered` puts ours back (the plugin calls it before each test).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+COUNTER_NAMES = {
+    "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),
+    "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass", "autograd_cache_guard_miss"),
+}
+
+
+class _NotifyingLoader(importlib.abc.Loader):
+    """Runs the real loader, then a callback with the freshly executed module."""
+
+    def __init__(self, inner: Any, after: Callable[[ModuleType], None]) -> None:
+        self.inner = inner
+        self.after = after
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        module: ModuleType | None = self.inner.create_module(spec)
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # Put the real loader back so nothing downstream ever sees this wrapper.
+        module.__loader__ = self.inner
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.inner
+        self.inner.exec_module(module)
+        self.after(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    def __init__(self, fullname: str, after: Callable[[ModuleType], None]) -> None:
+        self.fullname = fullname
+        self.after = after
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.fullname:
+            return None
+        self.remove()
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _NotifyingLoader(spec.loader, self.after)
+        return spec
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+@dataclass
+class LoadResult:
+    ok: bool
+    artifacts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str | None = None
+
+
+class TorchAdapter:
+    def __init__(self, on_first_compile: Callable[[], None]) -> None:
+        self._on_first_compile = on_first_compile
+        self._hook: _PostImportHook | None = None
+        self._lock = threading.Lock()
+        self.first_compile_seen = False
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        self._started: float | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def install(self) -> None:
+        """Register now if torch._dynamo is already imported, else when it is."""
+        if "torch._dynamo" in sys.modules:
+            self._register(sys.modules["torch._dynamo"])
+        elif self._hook is None:
+            self._hook = _PostImportHook("torch._dynamo", self._register)
+            sys.meta_path.insert(0, self._hook)
+
+    def ensure_registered(self) -> None:
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None:
+            self._register(dynamo)
+
+    def uninstall(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        dynamo = sys.modules.get("torch._dynamo")
+        handler = getattr(getattr(dynamo, "callback", None), "callback_handler", None)
+        if handler is not None:
+            for lst, cb in ((handler.start_callbacks, self._on_start), (handler.end_callbacks, self._on_end)):
+                while cb in lst:
+                    lst.remove(cb)
+
+    def _register(self, dynamo: ModuleType) -> None:
+        handler = getattr(getattr(dynamo, "callback", None), "callback_handler", None)
+        if handler is None:
+            return
+        if self._on_start not in handler.start_callbacks:
+            handler.register_start_callback(self._on_start)
+        if self._on_end not in handler.end_callbacks:
+            handler.register_end_callback(self._on_end)
+
+    def _on_start(self, args: Any) -> None:
+        self.compiles += 1
+        with self._lock:
+            first = not self.first_compile_seen
+            self.first_compile_seen = True
+        if first:
+            self._on_first_compile()
+        self._started = time.perf_counter()
+
+    def _on_end(self, args: Any) -> None:
+        if self._started is not None:
+            self.compile_seconds += time.perf_counter() - self._started
+            self._started = None
+
+    # --- torch's cache API -----------------------------------------------------------------------
+    @staticmethod
+    def load(container: bytes) -> LoadResult:
+        """``torch.compiler.load_cache_artifacts`` on a container that :mod:`torchfmt` already validated."""
+        start = time.perf_counter()
+        try:
+            import torch._dynamo  # noqa: F401  (torch 2.7 needs it imported: pytorch/pytorch#154463)
+            import torch.compiler
+
+            info = torch.compiler.load_cache_artifacts(container)
+        except Exception as exc:  # noqa: BLE001 - any failure means a cold run, never a failed session
+            return LoadResult(False, seconds=time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}"[:300])
+        seconds = time.perf_counter() - start
+        if info is None:
+            return LoadResult(False, seconds=seconds, error="torch.compiler.load_cache_artifacts returned None")
+        return LoadResult(True, {k: len(v) for k, v in info.artifacts.items()}, seconds)
+
+    @staticmethod
+    def save() -> bytes | None:
+        """What this process compiled or hit, as a torch container (None when nothing)."""
+        if "torch._dynamo" not in sys.modules:
+            return None
+        import torch.compiler
+
+        result = torch.compiler.save_cache_artifacts()
+        return None if result is None else result[0]
+
+    def compiled_anything(self) -> bool:
+        return self.first_compile_seen or any(self.counters().values())
+
+    @staticmethod
+    def counters() -> dict[str, int]:
+        """torch's own cache counters (hits, misses, bypasses per layer); empty when torch never compiled."""
+        utils = sys.modules.get("torch._dynamo.utils")
+        counters = getattr(utils, "counters", None)
+        if counters is None:
+            return {}
+        out = {}
+        for group, names in COUNTER_NAMES.items():
+            for name in names:
+                out[name] = int(counters[group][name]) if group in counters else 0
+        return out
+
+
+def disable_precompiled_headers(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Turn Inductor's CPU precompiled header off unless the user chose; True if we set it.
+
+    The header (156 MB, rebuilt in ~5 s on every fresh machine) lives outside the cache directory, and
+    the flag is part of each kernel's compile command, so it must be the same on the run that compiles
+    and the run that restores. Measured on 2 CPU cores: with it off, a run restoring the kernels is fastest.
+    """
+    if "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" in env:
+        return False
+    env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        config.cpp_cache_precompile_headers = False  # type: ignore[attr-defined]
+    return True

@@ -1,0 +1,138 @@
+"""torch's mega-cache container, parsed and written without importing torch.
+
+The format (``torch/utils/_appending_byte_serializer.py`` and ``torch/compiler/_cache.py``)::
+
+    crc32(rest) : 4 bytes, big endian
+    version     : uint64 (1)
+    repeated section:
+        type    : uint64 length + base64(utf-8 type name)
+        count   : uint64
+        count x (key: uint64 length + base64(utf-8 key), content: uint64 length + bytes)
+
+torch's own reader trusts this input: a CRC-valid but truncated structure makes it loop forever, and
+keys become file paths unchecked. :func:`parse` validates every length against what is left, every type
+against the known set and every key against a strict per-type pattern, and :func:`serialize` writes
+exactly one section per type (torch keeps only the last section of a type).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import zlib
+from collections.abc import Iterable
+
+from .errors import BundleError
+
+ENCODING_VERSION = 1
+
+# Key patterns per artifact type. Keys become file names below torch's cache directories, so nothing
+# that could name a parent, an absolute path or a hidden file is accepted.
+_SAFE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,254}"
+KEY_PATTERNS: dict[str, re.Pattern[str]] = {
+    # FX graph and AOTAutograd keys: a type letter and a base32 digest.
+    "inductor": re.compile(r"[a-z0-9]{8,128}"),
+    "aot_autograd": re.compile(r"[a-z0-9]{8,128}"),
+    # Autotune keys are "<kernel dir>/<digest>.best_config", relative to Inductor's cache dir.
+    "autotune": re.compile(r"[A-Za-z0-9_]{1,64}/[A-Za-z0-9_\-]{1,200}\.best_config"),
+    # PGO keys name a job (sanitized by torch into a file name); precompile keys are source ids.
+    "pgo": re.compile(_SAFE_NAME),
+    "precompile": re.compile(_SAFE_NAME),
+}
+KNOWN_TYPES = frozenset(KEY_PATTERNS)
+
+# An artifact needs at least two uint64 length fields.
+_MIN_ARTIFACT_BYTES = 16
+
+
+def validate_key(artifact_type: str, key: str) -> None:
+    """Raise :class:`BundleError` unless ``key`` is acceptable for ``artifact_type``."""
+    pattern = KEY_PATTERNS.get(artifact_type)
+    if pattern is None:
+        raise BundleError(f"unknown torch artifact type {artifact_type!r}")
+    if not pattern.fullmatch(key) or ".." in key:
+        raise BundleError(f"unsafe {artifact_type} key {key[:80]!r}")
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = memoryview(data)
+        self.pos = 0
+
+    @property
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+    def uint64(self, what: str) -> int:
+        if self.left < 8:
+            raise BundleError(f"torch container truncated in {what}")
+        value = int.from_bytes(self.data[self.pos : self.pos + 8], "big")
+        self.pos += 8
+        return value
+
+    def blob(self, what: str) -> bytes:
+        size = self.uint64(f"{what} length")
+        if size > self.left:
+            raise BundleError(f"torch container: {what} length {size} exceeds the {self.left} bytes left")
+        out = bytes(self.data[self.pos : self.pos + size])
+        self.pos += size
+        return out
+
+    def text(self, what: str) -> str:
+        raw = self.blob(what)
+        try:
+            return base64.b64decode(raw, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise BundleError(f"torch container: {what} is not base64 UTF-8") from exc
+
+
+def parse(data: bytes) -> list[tuple[str, str, bytes]]:
+    """Decode a torch mega-cache container into ``(type, key, content)`` triples, validating all of it."""
+    if len(data) < 12:
+        raise BundleError("torch container too short")
+    crc = int.from_bytes(data[:4], "big")
+    if zlib.crc32(data[4:]) != crc:
+        raise BundleError("torch container CRC mismatch")
+    reader = _Reader(data)
+    reader.pos = 4
+    version = reader.uint64("version")
+    if version != ENCODING_VERSION:
+        raise BundleError(f"torch container version {version} is not {ENCODING_VERSION}")
+    out: list[tuple[str, str, bytes]] = []
+    while reader.left:
+        artifact_type = reader.text("type name")
+        if artifact_type not in KNOWN_TYPES:
+            raise BundleError(f"unknown torch artifact type {artifact_type[:40]!r}")
+        count = reader.uint64("artifact count")
+        if count * _MIN_ARTIFACT_BYTES > reader.left:
+            raise BundleError(f"torch container: {count} {artifact_type} artifacts cannot fit in {reader.left} bytes")
+        for _ in range(count):
+            key = reader.text(f"{artifact_type} key")
+            validate_key(artifact_type, key)
+            out.append((artifact_type, key, reader.blob(f"{artifact_type} content")))
+    return out
+
+
+def _put_blob(buf: bytearray, blob: bytes) -> None:
+    buf += len(blob).to_bytes(8, "big")
+    buf += blob
+
+
+def serialize(artifacts: Iterable[tuple[str, str, bytes]]) -> bytes:
+    """Write ``(type, key, content)`` triples as one torch container, one section per type.
+
+    Keys are validated here too, so nothing unsafe is ever handed to torch, whatever its source.
+    """
+    sections: dict[str, dict[str, bytes]] = {}
+    for artifact_type, key, content in artifacts:
+        validate_key(artifact_type, key)
+        sections.setdefault(artifact_type, {}).setdefault(key, content)
+    body = bytearray(ENCODING_VERSION.to_bytes(8, "big"))
+    for artifact_type, items in sections.items():
+        _put_blob(body, base64.b64encode(artifact_type.encode()))
+        body += len(items).to_bytes(8, "big")
+        for key, content in items.items():
+            _put_blob(body, base64.b64encode(key.encode()))
+            _put_blob(body, content)
+    return zlib.crc32(body).to_bytes(4, "big") + bytes(body)
