@@ -259,14 +259,15 @@ class CacheSession:
         self.torch_stats = TorchStats(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds,
                                       adapter.counters())
         up = self.upload_stats
+        # Wait even when nothing compiled, so a broken store is reported in every session.
+        if self.reads and not self.wait_restore(timeout):
+            up.reason = "restore unfinished"
+            return
         if not self.writes:
             up.reason = "read-only mode"
             return
         if not self.torch_stats.compiled:
             up.reason = "nothing was compiled"
-            return
-        if self.reads and not self.wait_restore(timeout):
-            up.reason = "restore unfinished"
             return
         if self.store_down:
             up.reason = "store unavailable"

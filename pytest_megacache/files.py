@@ -109,8 +109,11 @@ class FileRoot:
             validate_file_path(entry.name)
             target = root.joinpath(*entry.name.split("/"))
             parent = target.parent
+            # A symlinked directory inside the root could redirect the write: refuse it, before mkdir
+            # can create directories outside the root, and again after (in case one appeared meanwhile).
+            if not parent.resolve().is_relative_to(root):
+                raise BundleError(f"{entry.name!r} resolves outside {root}")
             parent.mkdir(parents=True, exist_ok=True)
-            # A symlinked directory inside the root could redirect the write: refuse it.
             if not parent.resolve().is_relative_to(root):
                 raise BundleError(f"{entry.name!r} resolves outside {root}")
             if os.path.lexists(target):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -103,8 +104,9 @@ def _convert(opt: Option, value: Any, source: str) -> Any:
             number = float(text) if opt.kind == "float" else int(text)
         except ValueError:
             raise SettingsError(f"{where}: {text!r} is not a number") from None
-        if number <= 0:
-            raise SettingsError(f"{where}: {text!r} must be positive")
+        # Not NaN, inf or beyond what threading's waits accept (they raise OverflowError past TIMEOUT_MAX).
+        if not 0 < number <= threading.TIMEOUT_MAX:
+            raise SettingsError(f"{where}: {text!r} must be a positive, finite number")
         return number
     if not text:
         raise SettingsError(f"{where}: empty value")

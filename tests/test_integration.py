@@ -1,0 +1,214 @@
+"""End to end: real torch.compile (CPU Inductor) in pytest subprocesses, real S3 over HTTP (moto server).
+
+Hits and misses are read from torch's own counters (written by the project's conftest), never from the
+plugin's report alone.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_megacache import bundle as bundlemod
+from pytest_megacache.bundle import Entries, Entry
+
+from .conftest import S3Server, free_port
+from .helpers_torch import Run, TorchProject
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+PREFIX = "pytest-megacache"
+
+
+def objects(s3: S3Server, bucket: str) -> list[str]:
+    return [k for k in s3.keys(bucket) if k.endswith(".mcb")]
+
+
+def fingerprint_folder(run: Run) -> str:
+    assert run.report is not None
+    return f"{PREFIX}/{run.report['fingerprint']['key']}"
+
+
+def assert_all_hit(run: Run, graphs: int) -> None:
+    run.result.assert_outcomes(passed=3)
+    assert run.fx_misses == 0, run.counters
+    assert run.fx_hits == graphs, run.counters
+    assert run.aot_misses == 0 and run.aot_hits == graphs, run.counters
+
+
+@pytest.fixture
+def s3_project(pytester: pytest.Pytester, s3_server: S3Server) -> tuple[TorchProject, str]:
+    bucket = s3_server.new_bucket()
+    return TorchProject(pytester, env={**s3_server.env(), "MEGACACHE_BUCKET": bucket}), bucket
+
+
+def test_cold_then_warm_over_s3_subset_never_shrinks(s3_project: tuple[TorchProject, str], s3_server: S3Server) -> None:
+    project, bucket = s3_project
+    cold = project.run()
+    cold.result.assert_outcomes(passed=3)
+    assert cold.fx_misses == 2 and cold.fx_hits == 0
+    assert cold.report and cold.report["upload"]["objects"] == 1
+    assert cold.report["upload"]["new_entries"]["file/inductor"] > 0  # compiled C++ kernels travel too
+    cold.result.stdout.fnmatch_lines(["*megacache*", "fingerprint torch-*", "uploaded *new entries*"])
+    assert len(objects(s3_server, bucket)) == 1
+
+    # A fresh runner that runs a subset: everything it touches hits, and it must not shrink the cache.
+    subset = project.run("-k", "test_f")
+    subset.result.assert_outcomes(passed=1, deselected=2)
+    assert subset.fx_hits == 1 and subset.fx_misses == 0
+    assert subset.report and subset.report["upload"]["reason"] == "nothing new"
+    assert len(objects(s3_server, bucket)) == 1
+
+    warm = project.run()
+    assert_all_hit(warm, graphs=2)
+    assert warm.report is not None
+    assert warm.report["restore"]["files_written"] > 0
+    assert warm.report["load"]["ok"] is True
+    assert warm.report["upload"]["objects"] == 0
+    warm.result.stdout.fnmatch_lines(["restored 1/1 objects*", "loaded into torch:*", "torch: FX graph 2 hits / 0 misses*"])
+
+
+def test_cold_then_warm_over_local_directory(pytester: pytest.Pytester) -> None:
+    store = pytester.path / "store"
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(store)})
+    cold = project.run("-k", "test_f")
+    assert cold.fx_misses == 1
+    written = list(store.rglob("*.mcb"))
+    assert len(written) == 1 and not list(store.rglob(".tmp-*"))
+    header, entries = bundlemod.decode(written[0].read_bytes())
+    assert header.fingerprint in str(written[0])
+    assert {"torch/inductor", "torch/aot_autograd", "file/inductor"} <= set(entries.counts())
+
+    warm = project.run("-k", "test_f")
+    assert warm.fx_hits == 1 and warm.fx_misses == 0 and warm.aot_hits == 1
+
+
+def test_writers_in_sequence_keep_both_and_compaction_loses_nothing(
+    s3_project: tuple[TorchProject, str], s3_server: S3Server
+) -> None:
+    project, bucket = s3_project
+    first = project.run("-k", "test_f", "--megacache-compact-after", "1")
+    assert first.fx_misses == 1
+    assert len(objects(s3_server, bucket)) == 1
+    second = project.run("-k", "test_g", "--megacache-compact-after", "1")
+    # g was new; f's object had been restored, so the upload holds both and replaces it.
+    assert second.fx_misses == 1
+    assert second.report and second.report["upload"]["compacted"] == 1
+    remaining = objects(s3_server, bucket)
+    assert len(remaining) == 1
+    warm = project.run()
+    assert_all_hit(warm, graphs=2)
+
+
+def test_unreachable_endpoint_warns_once_and_runs_cold(pytester: pytest.Pytester, s3_server: S3Server) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    project = TorchProject(pytester, env={**s3_server.env(), "AWS_ENDPOINT_URL_S3": dead, "MEGACACHE_BUCKET": "any-bucket"})
+    start = time.monotonic()
+    run = project.run("-k", "test_f")
+    elapsed = time.monotonic() - start
+    run.result.assert_outcomes(passed=1, deselected=2)
+    assert run.result.ret == 0
+    assert run.fx_misses == 1
+    warnings = [w for w in run.result.outlines if "MegacacheWarning: restore: S3 list" in w]
+    assert len(warnings) == 1, run.result.outlines
+    assert run.report and run.report["upload"]["reason"] == "store unavailable"
+    assert elapsed < 120, f"a dead endpoint must cost seconds, not minutes ({elapsed:.0f} s)"
+
+
+def test_missing_bucket_warns_and_runs_cold(pytester: pytest.Pytester, s3_server: S3Server) -> None:
+    project = TorchProject(pytester, env={**s3_server.env(), "MEGACACHE_BUCKET": "no-such-bucket-here"})
+    run = project.run("-k", "test_f")
+    assert run.result.ret == 0
+    run.result.stdout.fnmatch_lines(["*MegacacheWarning: restore: S3 list on bucket 'no-such-bucket-here' failed*"])
+    assert run.report and run.report["upload"]["reason"] == "store unavailable"
+
+
+def _malformed_objects(fingerprint: str) -> dict[str, bytes]:
+    good = bundlemod.encode(Entries([Entry("torch/inductor", "fabcdefgh12345678", b"x")]), fingerprint)
+    foreign = bundlemod.encode(Entries([Entry("torch/inductor", "fabcdefgh12345678", b"x")]), "torch-0.0/elsewhere")
+    flipped = bytearray(good)
+    flipped[-1] ^= 0xFF
+    return {
+        "a-garbage.mcb": b"not a bundle at all",
+        "b-truncated.mcb": good[:-3],
+        "c-flipped.mcb": bytes(flipped),
+        "d-foreign.mcb": foreign,
+        "e-escape.mcb": raw_bundle(fingerprint, "file/inductor", "../../escaped.so", b"\x7fELF"),
+        "f-torch-escape.mcb": raw_bundle(fingerprint, "torch/inductor", "../../../pwned", b"payload"),
+    }
+
+
+def raw_bundle(fingerprint: str, kind: str, name: str, data: bytes) -> bytes:
+    """A bundle whose header and digest are right but whose entry name is hostile (bypasses encode's checks)."""
+    import hashlib
+    import json
+
+    import zstandard
+
+    k, n = kind.encode(), name.encode()
+    raw = (bundlemod.PAYLOAD_MAGIC + (1).to_bytes(4, "big") + len(k).to_bytes(1, "big") + k
+           + len(n).to_bytes(2, "big") + n + (0o644).to_bytes(4, "big") + len(data).to_bytes(8, "big") + data)
+    payload = zstandard.ZstdCompressor().compress(raw)
+    header = json.dumps({"format": 1, "fingerprint": fingerprint, "payload_size": len(payload),
+                         "raw_size": len(raw), "payload_sha256": hashlib.sha256(payload).hexdigest(),
+                         "entries": 1, "created": 0}).encode()
+    return bundlemod.MAGIC + b"\x01" + len(header).to_bytes(4, "big") + header + payload
+
+
+def test_corrupt_foreign_and_hostile_objects_are_refused_before_torch(
+    s3_project: tuple[TorchProject, str], s3_server: S3Server
+) -> None:
+    project, bucket = s3_project
+    cold = project.run("-k", "test_f")
+    folder = fingerprint_folder(cold)
+    assert cold.report is not None
+    fingerprint = cold.report["fingerprint"]["key"]
+    client = s3_server.client()
+    bad = _malformed_objects(fingerprint)
+    for name, blob in bad.items():
+        client.put_object(Bucket=bucket, Key=f"{folder}/{name}", Body=blob)
+
+    warm = project.run("-k", "test_f")
+    # The good object still serves the session; every bad one is refused with its own warning.
+    assert warm.result.ret == 0
+    assert warm.fx_hits == 1 and warm.fx_misses == 0
+    refused = [line for line in warm.result.outlines if "MegacacheWarning: refused" in line]
+    assert len(refused) == len(bad), warm.result.outlines
+    joined = "\n".join(refused)
+    for reason in ("bad magic", "truncated", "SHA-256 mismatch", "not this environment", "unsafe file path",
+                   "unsafe inductor key"):
+        assert reason in joined
+    assert warm.report and warm.report["restore"]["objects_rejected"] == len(bad)
+    assert not list(Path(warm.root).parent.rglob("escaped.so")) and not list(Path(warm.root).parent.rglob("pwned"))
+
+
+def test_strict_mode_turns_a_cache_problem_into_an_error(pytester: pytest.Pytester, s3_server: S3Server) -> None:
+    project = TorchProject(pytester, env={**s3_server.env(), "MEGACACHE_BUCKET": "no-such-bucket-here"})
+    run = project.run("-k", "test_plain", "--megacache-strict")
+    assert run.result.ret != 0
+    run.result.stderr.fnmatch_lines(["*pytest-megacache (strict): restore: S3 list*NoSuchBucket*"])
+
+
+def test_idle_session_imports_no_compiler_stack(s3_project: tuple[TorchProject, str]) -> None:
+    project, _bucket = s3_project
+    run = project.run("-k", "test_plain")
+    run.result.assert_outcomes(passed=1, deselected=2)
+    assert run.counters["modules"] == {"torch": True, "torch._dynamo": False, "torch._inductor": False}
+    assert run.report and run.report["restore"]["attempted"] and run.report["upload"]["reason"] == "nothing was compiled"
+
+
+def test_read_mode_never_uploads_and_write_mode_never_restores(
+    s3_project: tuple[TorchProject, str], s3_server: S3Server
+) -> None:
+    project, bucket = s3_project
+    read = project.run("-k", "test_f", "--megacache-mode", "read")
+    assert read.fx_misses == 1
+    assert objects(s3_server, bucket) == []
+    assert read.report and read.report["upload"]["reason"] == "read-only mode"
+    project.run("-k", "test_f")  # populate
+    write = project.run("-k", "test_f", "--megacache-mode", "write")
+    assert write.fx_misses == 1  # nothing was restored
+    assert write.report and not write.report["restore"]["attempted"]
