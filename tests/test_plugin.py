@@ -1,0 +1,175 @@
+"""The pytest side without compiling anything: options, precedence, removal, reports, fail-open paths."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import S3Server, free_port
+
+PLAIN_TEST = "def test_ok():\n    assert True\n"
+
+
+def test_help_lists_the_option_group(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--help")
+    result.stdout.fnmatch_lines(["*torch.compile cache (pytest-megacache)*", "*--megacache-bucket=BUCKET*",
+                                 "*--megacache-dir*", "*--megacache-mode*", "*--megacache-strict*", "*--megacache-report*"])
+
+
+def test_off_without_a_store(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(PLAIN_TEST)
+    result = pytester.runpytest_subprocess()
+    result.stdout.fnmatch_lines(["megacache: off (no store configured*"])
+    assert result.ret == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "ini", "expected"),
+    [
+        (["--megacache-mode", "bogus"], {}, "", "*command line (--megacache-mode): mode 'bogus' is not one of*"),
+        ([], {"MEGACACHE_MODE": "bogus"}, "", "*environment (MEGACACHE_MODE): mode 'bogus'*"),
+        ([], {}, "megacache_mode = bogus", "*ini file (megacache_mode): mode 'bogus'*"),
+        (["--megacache-bucket", "Bad_Bucket"], {}, "", "*is not a valid S3 bucket name*"),
+        (["--megacache-dir", "x", "--megacache-bucket", "abc"], {}, "", "*not both*"),
+    ],
+)
+def test_bad_values_are_usage_errors_naming_their_source(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str], ini: str,
+    expected: str,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    if ini:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile(PLAIN_TEST)
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([expected])
+
+
+def test_cli_beats_env_beats_ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makeini("[pytest]\nmegacache_dir = from-ini\nmegacache_prefix = ini-prefix\nmegacache_mode = read\n")
+    monkeypatch.setenv("MEGACACHE_PREFIX", "env-prefix")
+    monkeypatch.setenv("MEGACACHE_MODE", "write")
+    pytester.makepyfile(PLAIN_TEST)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess("--megacache-mode", "readwrite", "--megacache-report", str(report))
+    assert result.ret == 0
+    settings = json.loads(report.read_text())["settings"]
+    assert settings["mode"] == "readwrite"  # CLI
+    assert settings["prefix"] == "env-prefix"  # env over ini
+    assert settings["directory"] == "from-ini"  # ini over default
+    result.stdout.fnmatch_lines(["megacache: dir:from-ini/env-prefix [[]readwrite[]] torch-*"])
+
+
+def test_p_no_megacache_removes_the_plugin(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = pytester.path / "r.json"
+    monkeypatch.setenv("MEGACACHE_DIR", str(pytester.path / "store"))
+    monkeypatch.setenv("MEGACACHE_REPORT", str(report))
+    pytester.makepyfile(PLAIN_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:megacache")
+    assert result.ret == 0
+    assert not any(line.startswith("megacache") or "megacache-0" in line for line in result.outlines)
+    assert not report.exists()
+    with_plugin = pytester.runpytest_subprocess()
+    with_plugin.stdout.fnmatch_lines(["megacache: dir:*", "*- megacache -*", "torch: nothing was compiled"])
+    assert report.exists()
+
+
+def test_report_schema_and_step_summary(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    summary = pytester.path / "summary.md"
+    report = pytester.path / "r.json"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    pytester.makepyfile(PLAIN_TEST)
+    result = pytester.runpytest_subprocess("--megacache-dir", str(pytester.path / "store"), "--megacache-report",
+                                           str(report))
+    assert result.ret == 0
+    doc = json.loads(report.read_text())
+    assert doc["schema"] == "pytest-megacache/report" and doc["version"] == 1
+    assert set(doc) >= {"enabled", "reason", "settings", "fingerprint", "restore", "load", "torch", "upload", "problems"}
+    assert doc["fingerprint"]["key"].startswith("torch-")
+    assert doc["restore"]["attempted"] is True and doc["restore"]["ok"] is True
+    assert doc["upload"]["reason"] == "nothing was compiled"
+    assert "### pytest-megacache" in summary.read_text()
+
+
+def test_unwritable_directory_store_fails_open(pytester: pytest.Pytester) -> None:
+    blocker = pytester.path / "not-a-dir"
+    blocker.write_text("a file where the store directory should be")
+    pytester.makepyfile(PLAIN_TEST)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess("--megacache-dir", str(blocker / "store"), "--megacache-report", str(report))
+    assert result.ret == 0
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*MegacacheWarning: restore: cannot list*"])
+
+
+def test_dead_endpoint_costs_seconds_not_minutes(pytester: pytest.Pytester, s3_server: S3Server,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    pytester.makepyfile(PLAIN_TEST)
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess("--megacache-bucket", "some-bucket", "--megacache-endpoint-url",
+                                           f"http://127.0.0.1:{free_port()}")
+    elapsed = time.monotonic() - start
+    assert result.ret == 0
+    warnings = [line for line in result.outlines if "MegacacheWarning" in line]
+    assert len(warnings) == 1 and "Could not connect" in warnings[0]
+    assert elapsed < 60
+
+
+@pytest.mark.parametrize(
+    ("torch_files", "expected"),
+    [
+        ({"torch.py": ""}, "torch is not installed"),
+        ({"torch/__init__.py": "", "torch/version.py": "__version__ = '2.6.0'\ngit_version = 'x'\ncuda = None\n"},
+         "torch 2.6.0 is older than 2.7"),
+    ],
+)
+def test_missing_or_old_torch_warns_once(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                         torch_files: dict[str, str], expected: str) -> None:
+    shadow = pytester.path / "shadow"
+    for rel, text in torch_files.items():
+        (shadow / rel).parent.mkdir(parents=True, exist_ok=True)
+        (shadow / rel).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(shadow))
+    pytester.makepyfile(PLAIN_TEST)
+    result = pytester.runpytest_subprocess("--megacache-dir", str(pytester.path / "store"))
+    assert result.ret == 0
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines([f"megacache: off ({expected}*",
+                                 f"*MegacacheWarning: pytest-megacache is inactive: {expected}*"])
+
+
+def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored file entry lands in TORCHINDUCTOR_CACHE_DIR before tests run (no compile needed to check)."""
+    from pytest_megacache import bundle as bundlemod
+    from pytest_megacache.bundle import Entries, Entry
+    from pytest_megacache.fingerprint import compute
+
+    inductor = pytester.path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    store = pytester.path / "store"
+    key = compute().key
+    folder = store.joinpath("pytest-megacache", *key.split("/"))
+    folder.mkdir(parents=True)
+    blob = bundlemod.encode(Entries([Entry("file/inductor", "ab/cabc.so", b"\x7fELF-kernel", 0o755)]), key)
+    (folder / "20260101T000000-1-abcdef.mcb").write_bytes(blob)
+    pytester.makepyfile(textwrap.dedent(
+        """
+        def test_ok():
+            assert True
+        """
+    ))
+    result = pytester.runpytest_subprocess("--megacache-dir", str(store), "--megacache-mode", "read")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["restored 1/1 objects*1 files written*"])
+    kernel = Path(inductor, "ab", "cabc.so")
+    assert kernel.read_bytes() == b"\x7fELF-kernel"
+    assert kernel.stat().st_mode & 0o777 == 0o755
