@@ -28,7 +28,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("megacache", "torch.compile cache (pytest-megacache)")
     for opt in OPTIONS:
         dest = f"megacache_{opt.name}"
-        if opt.kind == "bool":
+        if opt.kind == "bool" and not opt.default:
             group.addoption(opt.flag, action="store_true", dest=dest, default=None, help=f"{opt.help} [{opt.env}]")
         else:
             group.addoption(opt.flag, action="store", dest=dest, default=None, metavar=opt.name.upper(),
@@ -106,7 +106,7 @@ class MegacachePlugin:
             store_factory=lambda: from_settings(settings),
             folder=f"{settings.prefix}/{self.fingerprint.key}",
             fingerprint=self.fingerprint.key,
-            roots=[FileRoot("inductor", inductor_cache_dir())],
+            roots=[FileRoot("inductor", inductor_cache_dir())] if settings.files else [],
             reads=settings.reads,
             writes=settings.writes,
             compact_after=settings.compact_after,

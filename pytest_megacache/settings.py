@@ -39,6 +39,8 @@ OPTIONS: tuple[Option, ...] = (
            "readwrite (default), read (restore only), write (upload only) or off."),
     Option("strict", "--megacache-strict", "MEGACACHE_STRICT", "megacache_strict", "bool", False,
            "Turn cache problems into errors instead of warnings."),
+    Option("files", "--megacache-files", "MEGACACHE_FILES", "megacache_files", "bool", True,
+           "Carry the compiled files mega-cache leaves out, such as CPU C++ kernels (yes/no; default: yes)."),
     Option("report", "--megacache-report", "MEGACACHE_REPORT", "megacache_report", "str", None,
            "Write a JSON report of what the cache did to this path."),
     Option("timeout", "--megacache-timeout", "MEGACACHE_TIMEOUT", "megacache_timeout", "float", 120.0,
@@ -59,6 +61,7 @@ class Settings:
     directory: str | None = None
     mode: str = "readwrite"
     strict: bool = False
+    files: bool = True
     report: str | None = None
     timeout: float = 120.0
     compact_after: int = 8
