@@ -1,0 +1,196 @@
+"""Settings: precedence (command line > environment > ini > default), conversion and validation."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from pytest_megacache.settings import MODES, OPTIONS, Settings, SettingsError, resolve
+
+
+def lookup(values: Mapping[str, Any] | None = None) -> Callable[[str], Any]:
+    data = dict(values or {})
+    return lambda name: data.get(name)
+
+
+def settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+             ini: Mapping[str, Any] | None = None) -> Settings:
+    return resolve(cli=lookup(cli), env=dict(env or {}), ini=lookup(ini))
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    s = settings()
+    assert s == Settings()
+    assert s.prefix == "pytest-megacache"
+    assert s.mode == "readwrite"
+    assert s.timeout == 120.0
+    assert s.compact_after == 8
+    assert s.strict is False
+    assert s.bucket is None and s.directory is None
+    assert not s.enabled
+    assert s.store_label() == "none"
+
+
+@pytest.mark.parametrize(
+    ("name", "cli_value", "env_value", "ini_value", "default"),
+    [
+        ("mode", "read", "write", "off", "readwrite"),
+        ("prefix", "from-cli", "from-env", "from-ini", "pytest-megacache"),
+        ("timeout", "1.5", "2.5", "3.5", 120.0),
+        ("compact_after", "3", "4", "5", 8),
+        ("directory", "/cli", "/env", "/ini", None),
+        ("report", "cli.json", "env.json", "ini.json", None),
+    ],
+)
+def test_precedence_cli_env_ini_default(name: str, cli_value: str, env_value: str, ini_value: str,
+                                        default: Any) -> None:
+    opt = next(o for o in OPTIONS if o.name == name)
+    cli, env, ini = {name: cli_value}, {opt.env: env_value}, {opt.ini: ini_value}
+    kind = {"timeout": float, "compact_after": int}.get(name, str)
+
+    assert getattr(settings(cli=cli, env=env, ini=ini), name) == kind(cli_value)
+    assert getattr(settings(env=env, ini=ini), name) == kind(env_value)
+    assert getattr(settings(ini=ini), name) == kind(ini_value)
+    assert getattr(settings(), name) == default
+
+
+def test_empty_env_and_ini_values_fall_through() -> None:
+    s = settings(env={"MEGACACHE_MODE": ""}, ini={"megacache_mode": "read"})
+    assert s.mode == "read"
+    assert settings(env={"MEGACACHE_PREFIX": ""}, ini={"megacache_prefix": ""}).prefix == "pytest-megacache"
+
+
+def test_empty_command_line_value_is_an_error() -> None:
+    with pytest.raises(SettingsError, match=r"command line \(--megacache-prefix\): empty value"):
+        settings(cli={"prefix": ""})
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("1", True), ("true", True), ("TRUE", True), ("yes", True), ("on", True), (" 1 ", True),
+     ("0", False), ("false", False), ("no", False), ("off", False), ("No", False)],
+)
+def test_booleans_from_env(raw: str, expected: bool) -> None:
+    assert settings(env={"MEGACACHE_STRICT": raw}).strict is expected
+
+
+def test_booleans_from_the_command_line_and_ini() -> None:
+    assert settings(cli={"strict": True}).strict is True
+    assert settings(cli={"strict": False}, env={"MEGACACHE_STRICT": "1"}).strict is False
+    assert settings(ini={"megacache_strict": "yes"}).strict is True
+
+
+@pytest.mark.parametrize(
+    ("source", "value", "message"),
+    [
+        ("env", "maybe", r"environment \(MEGACACHE_STRICT\): 'maybe' is not a boolean"),
+        ("cli", "2", r"command line \(--megacache-strict\): '2' is not a boolean"),
+        ("ini", "sure", r"ini file \(megacache_strict\): 'sure' is not a boolean"),
+    ],
+)
+def test_bad_boolean_names_its_source(source: str, value: str, message: str) -> None:
+    kwargs = {"cli": {"strict": value}, "env": {"MEGACACHE_STRICT": value}, "ini": {"megacache_strict": value}}
+    with pytest.raises(SettingsError, match=message):
+        settings(**{source: kwargs[source]})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"env": {"MEGACACHE_MODE": "sometimes"}},
+         r"environment \(MEGACACHE_MODE\): mode 'sometimes' is not one of readwrite, read, write, off"),
+        ({"cli": {"mode": "rw"}}, r"command line \(--megacache-mode\): mode 'rw'"),
+        ({"ini": {"megacache_mode": "READ"}}, r"ini file \(megacache_mode\): mode 'READ'"),
+        ({"env": {"MEGACACHE_TIMEOUT": "soon"}}, r"environment \(MEGACACHE_TIMEOUT\): 'soon' is not a number"),
+        ({"cli": {"timeout": "0"}}, r"command line \(--megacache-timeout\): '0' must be a positive"),
+        ({"ini": {"megacache_timeout": "-3"}}, r"ini file \(megacache_timeout\): '-3' must be a positive"),
+        ({"env": {"MEGACACHE_TIMEOUT": "nan"}}, r"environment \(MEGACACHE_TIMEOUT\): 'nan' must be a positive"),
+        ({"env": {"MEGACACHE_TIMEOUT": "inf"}}, r"environment \(MEGACACHE_TIMEOUT\): 'inf' must be a positive"),
+        ({"cli": {"timeout": "1e300"}}, r"'1e300' must be a positive, finite number"),
+        ({"env": {"MEGACACHE_COMPACT_AFTER": "2.5"}},
+         r"environment \(MEGACACHE_COMPACT_AFTER\): '2.5' is not a number"),
+        ({"ini": {"megacache_compact_after": "0"}}, r"ini file \(megacache_compact_after\): '0' must be a positive"),
+    ],
+    ids=["env-mode", "cli-mode", "ini-mode", "env-timeout-word", "cli-timeout-zero", "ini-timeout-negative",
+         "env-timeout-nan", "env-timeout-inf", "cli-timeout-huge", "env-compact-float", "ini-compact-zero"],
+)
+def test_bad_values_name_their_source(kwargs: dict[str, dict[str, str]], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        settings(**kwargs)
+
+
+def test_a_bad_lower_precedence_value_is_not_read_when_a_higher_one_is_set() -> None:
+    assert settings(cli={"mode": "read"}, env={"MEGACACHE_MODE": "garbage"}).mode == "read"
+
+
+@pytest.mark.parametrize("bucket", ["My_Bucket", "ab", "-bucket", "bucket-", "a" * 64, "bucket/name", "s3://b"])
+def test_bad_bucket_name(bucket: str) -> None:
+    with pytest.raises(SettingsError, match=r"environment \(MEGACACHE_BUCKET\): .* is not a valid S3 bucket name"):
+        settings(env={"MEGACACHE_BUCKET": bucket})
+
+
+@pytest.mark.parametrize("bucket", ["abc", "my-bucket.ci", "a" * 63, "bucket123"])
+def test_good_bucket_names(bucket: str) -> None:
+    s = settings(cli={"bucket": bucket})
+    assert s.bucket == bucket
+    assert s.store_label() == f"s3://{bucket}/pytest-megacache"
+
+
+@pytest.mark.parametrize("prefix", ["a/../b", "..", "../up", "a b", "a//b", "/", "x/..."])
+def test_bad_prefix(prefix: str) -> None:
+    with pytest.raises(SettingsError, match=r"ini file \(megacache_prefix\): prefix .* may hold only"):
+        settings(ini={"megacache_prefix": prefix})
+
+
+def test_prefix_slashes_are_trimmed() -> None:
+    assert settings(cli={"prefix": "/team/ci/"}).prefix == "team/ci"
+
+
+@pytest.mark.parametrize("url", ["ftp://host", "127.0.0.1:9000", "s3://bucket", "localhost"])
+def test_endpoint_url_must_be_http(url: str) -> None:
+    with pytest.raises(SettingsError, match=r"MEGACACHE_ENDPOINT_URL\): .* is not an http\(s\) URL"):
+        settings(env={"MEGACACHE_ENDPOINT_URL": url})
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9000", "https://s3.example.com"])
+def test_endpoint_url_accepts_http_and_https(url: str) -> None:
+    assert settings(cli={"endpoint_url": url}).endpoint_url == url
+
+
+def test_bucket_and_directory_together_is_an_error() -> None:
+    with pytest.raises(SettingsError, match=r"either a bucket .* or a directory .*, not both"):
+        settings(env={"MEGACACHE_BUCKET": "my-bucket"}, ini={"megacache_dir": "/tmp/cache"})
+
+
+@pytest.mark.parametrize(
+    ("mode", "reads", "writes"),
+    [("readwrite", True, True), ("read", True, False), ("write", False, True), ("off", False, False)],
+)
+def test_enabled_reads_writes_per_mode(mode: str, reads: bool, writes: bool) -> None:
+    with_dir = settings(cli={"mode": mode, "directory": "/cache"})
+    assert with_dir.reads is reads
+    assert with_dir.writes is writes
+    assert with_dir.enabled is (mode != "off")
+    assert with_dir.store_label() == "dir:/cache/pytest-megacache"
+    with_bucket = settings(cli={"mode": mode}, env={"MEGACACHE_BUCKET": "bucket"})
+    assert with_bucket.enabled is (mode != "off")
+    assert settings(cli={"mode": mode}).enabled is False  # no store configured
+
+
+def test_modes_are_the_documented_ones() -> None:
+    assert MODES == ("readwrite", "read", "write", "off")
+
+
+def test_every_settings_field_has_an_option_and_vice_versa() -> None:
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    options = {o.name: o for o in OPTIONS}
+    assert set(fields) == set(options)
+    for name, opt in options.items():
+        assert fields[name].default == opt.default, name
+        assert opt.flag.startswith("--megacache-"), opt.flag
+        assert opt.env.startswith("MEGACACHE_") and opt.ini.startswith("megacache_")
+    assert len({o.flag for o in OPTIONS}) == len({o.env for o in OPTIONS}) == len({o.ini for o in OPTIONS}) \
+        == len(OPTIONS)

@@ -1,0 +1,358 @@
+"""One contract for every store backend (memory, local directory, S3 through a real moto server), then
+each backend's own failure classification, exercised for real."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_megacache import stores
+from pytest_megacache.errors import StoreError
+from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store
+
+from .conftest import S3Server, free_port
+
+FOLDER = "pytest-megacache/torch-2.13.0/cpu-avx2-t4/py3.11-linux-x86_64/0123456789ab"
+
+
+@dataclass
+class Backend:
+    name: str
+    store: Store
+    # Writes objects with foreign names into a folder behind the store's back; None where impossible.
+    plant_foreign: Callable[[str], list[str]] | None = None
+
+
+def _memory_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return Backend("memory", MemoryStore())
+
+
+def _dir_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    root = tmp_path / "store"
+
+    def plant(folder: str) -> list[str]:
+        path = root.joinpath(*folder.split("/"))
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "notes.txt").write_text("not an object")
+        (path / ".tmp-x").write_bytes(b"half-written")
+        (path / ".tmp-abc.mcb").write_bytes(b"hidden temp with the suffix")
+        (path / "dir.mcb").mkdir()
+        (path / "link.mcb").symlink_to(path / "notes.txt")
+        return ["notes.txt", ".tmp-x", ".tmp-abc.mcb", "dir.mcb", "link.mcb"]
+
+    return Backend("dir", LocalDirStore(root), plant)
+
+
+@pytest.fixture(scope="module")
+def s3_clients(s3_server: S3Server) -> dict[str, Any]:
+    """boto3 clients are slow to build: one plain client, and one built by make_s3_client from the S3
+    environment (boto3 reads credentials and the region when the client is made), shared by the module."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in s3_server.env().items():
+            mp.setenv(key, value)
+        env_client = stores.make_s3_client(endpoint_url=s3_server.url)
+    return {"raw": s3_server.client(), "env": env_client}
+
+
+def _new_bucket(client: Any) -> str:
+    bucket = f"mc-{uuid.uuid4().hex[:16]}"
+    client.create_bucket(Bucket=bucket)
+    return bucket
+
+
+def _s3_planter(client: Any, bucket: str) -> Callable[[str], list[str]]:
+    def plant(folder: str) -> list[str]:
+        names = ["../evil.mcb", "sub/x.mcb", "evil name.mcb", "notes.txt", ".hidden.mcb", "x.mcb.part"]
+        for name in names:
+            client.put_object(Bucket=bucket, Key=f"{folder}/{name}", Body=b"foreign")
+        # A sibling folder whose name extends this one must not leak in either.
+        client.put_object(Bucket=bucket, Key=f"{folder}-other/20240101T000000-1-abc.mcb", Body=b"sibling")
+        stored = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=folder)["Contents"]}
+        assert {f"{folder}/{n}" for n in names} <= stored, stored  # the server kept the hostile keys as given
+        return names
+
+    return plant
+
+
+def _s3_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    client = request.getfixturevalue("s3_clients")["raw"]
+    bucket = _new_bucket(client)
+    return Backend("s3", S3Store(bucket, client), _s3_planter(client, bucket))
+
+
+def _s3_env_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    request.getfixturevalue("s3_env")  # the S3 environment stays set while the store is used
+    clients = request.getfixturevalue("s3_clients")
+    bucket = _new_bucket(clients["raw"])
+    return Backend("s3-env", S3Store(bucket, clients["env"]), _s3_planter(clients["raw"], bucket))
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Backend]] = {
+    "memory": _memory_backend,
+    "dir": _dir_backend,
+    "s3": _s3_backend,
+    "s3-env": _s3_env_backend,
+}
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return BACKENDS[request.param](request, tmp_path)
+
+
+@pytest.fixture
+def store(backend: Backend) -> Store:
+    return backend.store
+
+
+def name(n: int) -> str:
+    return f"20250101T000000-1-{n:012x}.mcb"
+
+
+# --- the contract ------------------------------------------------------------------------------------
+
+
+def test_list_of_an_empty_folder(store: Store) -> None:
+    assert store.list(FOLDER) == []
+
+
+def test_put_then_list(store: Store) -> None:
+    start = time.time()
+    store.put(FOLDER, name(1), b"x" * 1234)
+    listing = store.list(FOLDER)
+    assert [(o.name, o.size) for o in listing] == [(name(1), 1234)]
+    assert isinstance(listing[0], ObjectInfo)
+    assert abs(listing[0].modified - start) < 300
+
+
+def test_list_is_sorted_and_complete(store: Store) -> None:
+    for n in (3, 1, 2):
+        store.put(FOLDER, name(n), bytes(n))
+    assert [(o.name, o.size) for o in store.list(FOLDER)] == [(name(1), 1), (name(2), 2), (name(3), 3)]
+
+
+def test_get_returns_the_bytes(store: Store) -> None:
+    data = bytes(range(256)) * 40
+    store.put(FOLDER, name(1), data)
+    assert store.get(FOLDER, name(1), max_bytes=len(data)) == data
+
+
+def test_empty_object_is_not_missing(store: Store) -> None:
+    store.put(FOLDER, name(1), b"")
+    assert store.get(FOLDER, name(1), max_bytes=0) == b""
+    assert [o.size for o in store.list(FOLDER)] == [0]
+
+
+def test_get_of_a_missing_name(store: Store) -> None:
+    assert store.get(FOLDER, name(9), max_bytes=100) is None
+    store.put(FOLDER, name(1), b"x")
+    assert store.get(FOLDER, name(9), max_bytes=100) is None
+    assert store.get(FOLDER + "/elsewhere", name(1), max_bytes=100) is None
+
+
+def test_get_over_max_bytes(store: Store) -> None:
+    store.put(FOLDER, name(1), b"y" * 101)
+    with pytest.raises(StoreError, match="over the limit of 100") as info:
+        store.get(FOLDER, name(1), max_bytes=100)
+    assert info.value.kind == "too-large"
+    assert store.get(FOLDER, name(1), max_bytes=101) == b"y" * 101
+
+
+def test_delete_then_get(store: Store) -> None:
+    store.put(FOLDER, name(1), b"x")
+    store.put(FOLDER, name(2), b"y")
+    store.delete(FOLDER, name(1))
+    assert store.get(FOLDER, name(1), max_bytes=10) is None
+    assert [o.name for o in store.list(FOLDER)] == [name(2)]
+
+
+def test_delete_of_a_missing_object(store: Store) -> None:
+    store.delete(FOLDER, name(7))  # must not raise
+    assert store.list(FOLDER) == []
+
+
+def test_folders_are_separate(store: Store) -> None:
+    store.put("p/fp-a", name(1), b"a")
+    store.put("p/fp-a/nested", name(2), b"nested")
+    store.put("p/fp-b", name(3), b"b")
+    assert [o.name for o in store.list("p/fp-a")] == [name(1)]
+    assert [o.name for o in store.list("p/fp-a/nested")] == [name(2)]
+    assert [o.name for o in store.list("p/fp-b")] == [name(3)]
+    assert store.list("p") == []
+
+
+def test_folder_slashes_are_normalized(store: Store) -> None:
+    store.put("/p/fp/", name(1), b"x")
+    assert [o.name for o in store.list("p/fp")] == [name(1)]
+    assert store.get("p/fp/", name(1), max_bytes=10) == b"x"
+
+
+@pytest.mark.parametrize("backend", ["dir", "s3", "s3-env"], indirect=True)  # memory holds only what put() took
+def test_listing_ignores_foreign_names(backend: Backend) -> None:
+    assert backend.plant_foreign is not None
+    backend.store.put(FOLDER, name(1), b"real")
+    planted = backend.plant_foreign(FOLDER)
+    assert len(planted) >= 5
+    assert [o.name for o in backend.store.list(FOLDER)] == [name(1)]
+
+
+@pytest.mark.parametrize("bad_folder", ["a/../b", "..", "a/./b", "", "a//b", "a b", "a/\x00"])
+def test_unsafe_folder(store: Store, bad_folder: str) -> None:
+    with pytest.raises(StoreError, match="unsafe folder"):
+        store.list(bad_folder)
+    with pytest.raises(StoreError, match="unsafe folder"):
+        store.put(bad_folder, name(1), b"x")
+    with pytest.raises(StoreError, match="unsafe folder"):
+        store.get(bad_folder, name(1), max_bytes=10)
+    with pytest.raises(StoreError, match="unsafe folder"):
+        store.delete(bad_folder, name(1))
+
+
+@pytest.mark.parametrize("bad_name", ["../x.mcb", "a/b.mcb", "x.txt", ".x.mcb", "a..b.mcb", "x .mcb", ".mcb"])
+def test_put_refuses_bad_object_names(store: Store, bad_name: str) -> None:
+    with pytest.raises(StoreError, match="bad object name"):
+        store.put(FOLDER, bad_name, b"x")
+    assert store.list(FOLDER) == []
+
+
+def test_new_object_names_are_unique_and_valid() -> None:
+    names = [stores.new_object_name() for _ in range(1000)]
+    assert len(set(names)) == 1000
+    assert all(stores.valid_object_name(n) for n in names)
+    assert all(re.fullmatch(rf"\d{{8}}T\d{{6}}-{os.getpid()}-[0-9a-f]{{12}}\.mcb", n) for n in names)
+
+
+def test_new_object_names_are_accepted_by_every_store(store: Store) -> None:
+    object_name = stores.new_object_name()
+    store.put(FOLDER, object_name, b"z")
+    assert store.get(FOLDER, object_name, max_bytes=1) == b"z"
+
+
+def test_valid_object_name() -> None:
+    assert stores.valid_object_name("20250101T000000-1-abc.mcb")
+    for bad in ("../a.mcb", "a/b.mcb", "a.mcb/", "-a.mcb", "a.mcbx", "a" * 210 + ".mcb", "a..mcb"):
+        assert not stores.valid_object_name(bad), bad
+
+
+def test_validate_folder_normalizes() -> None:
+    assert stores.validate_folder("/a/b/") == "a/b"
+    assert stores.validate_folder("pytest-megacache/torch-2.13.0+cpu/x") == "pytest-megacache/torch-2.13.0+cpu/x"
+
+
+# --- S3: failures, classified for real ---------------------------------------------------------------
+
+
+def test_s3_bucket_that_does_not_exist(s3_clients: dict[str, Any]) -> None:
+    store = S3Store("mc-no-such-bucket-here", s3_clients["raw"])
+    for call in (lambda: store.list(FOLDER), lambda: store.put(FOLDER, name(1), b"x"),
+                 lambda: store.get(FOLDER, name(1), max_bytes=10)):
+        with pytest.raises(StoreError, match=r"(?i)bucket") as info:
+            call()
+        assert info.value.kind == "no-bucket"
+
+
+def test_s3_endpoint_on_a_closed_port(s3_env: S3Server) -> None:
+    client = stores.make_s3_client(endpoint_url=f"http://127.0.0.1:{free_port()}")
+    store = S3Store("some-bucket", client)
+    start = time.monotonic()
+    with pytest.raises(StoreError) as info:
+        store.list(FOLDER)
+    assert info.value.kind == "unreachable"
+    with pytest.raises(StoreError) as info:
+        store.get(FOLDER, name(1), max_bytes=10)
+    assert info.value.kind == "unreachable"
+    assert time.monotonic() - start < 15
+
+
+def test_s3_client_finds_the_endpoint_in_the_environment(s3_env: S3Server) -> None:
+    bucket = s3_env.new_bucket()
+    store = S3Store(bucket, stores.make_s3_client())  # AWS_ENDPOINT_URL_S3 from s3_env
+    store.put(FOLDER, name(1), b"via env")
+    assert s3_env.keys(bucket) == [f"{FOLDER}/{name(1)}"]
+
+
+def test_s3_without_credentials(s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("AWS_") and key != "AWS_CA_BUNDLE":
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    store = S3Store("some-bucket", stores.make_s3_client(endpoint_url=s3_server.url))
+    with pytest.raises(StoreError) as info:
+        store.list(FOLDER)
+    assert info.value.kind == "credentials"
+
+
+# --- the local directory: failures -------------------------------------------------------------------
+
+
+def _assert_io(call: Callable[[], Any]) -> None:
+    with pytest.raises(StoreError) as info:
+        call()
+    assert info.value.kind == "io", info.value
+
+
+def test_dir_store_with_a_file_where_the_directory_should_be(tmp_path: Path) -> None:
+    blocker = tmp_path / "store"
+    blocker.write_text("I am a file")
+    store = LocalDirStore(blocker)
+    _assert_io(lambda: store.put(FOLDER, name(1), b"x"))
+    _assert_io(lambda: store.list(FOLDER))
+    _assert_io(lambda: store.get(FOLDER, name(1), max_bytes=10))
+    assert blocker.read_text() == "I am a file"
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores directory permissions")
+def test_dir_store_on_a_read_only_directory(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    root.chmod(0o500)
+    try:
+        _assert_io(lambda: LocalDirStore(root).put(FOLDER, name(1), b"x"))
+    finally:
+        root.chmod(0o700)
+    assert list(root.iterdir()) == []
+
+
+def test_dir_store_leaves_no_temp_files(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    store.put(FOLDER, name(1), b"x")
+    folder = tmp_path.joinpath(*FOLDER.split("/"))
+    assert [p.name for p in folder.iterdir()] == [name(1)]
+
+
+def test_dir_store_does_not_overwrite(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    store.put(FOLDER, name(1), b"first")
+    with pytest.raises(StoreError, match="already exists"):
+        store.put(FOLDER, name(1), b"second")
+    assert store.get(FOLDER, name(1), max_bytes=10) == b"first"
+    folder = tmp_path.joinpath(*FOLDER.split("/"))
+    assert [p.name for p in folder.iterdir()] == [name(1)]
+
+
+def test_memory_store_does_not_overwrite() -> None:
+    store = MemoryStore()
+    store.put(FOLDER, name(1), b"first")
+    store.put(FOLDER, name(1), b"second")
+    assert store.get(FOLDER, name(1), max_bytes=10) == b"first"
+
+
+def test_from_settings_picks_the_backend(tmp_path: Path, s3_env: S3Server) -> None:
+    from pytest_megacache.settings import Settings
+
+    assert isinstance(stores.from_settings(Settings(directory=str(tmp_path))), LocalDirStore)
+    s3 = stores.from_settings(Settings(bucket="my-bucket", endpoint_url=s3_env.url))
+    assert isinstance(s3, S3Store) and s3.bucket == "my-bucket"
+    with pytest.raises(StoreError, match="no store configured"):
+        stores.from_settings(Settings())
