@@ -6,7 +6,9 @@ plugin's report alone.
 
 from __future__ import annotations
 
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -212,3 +214,29 @@ def test_read_mode_never_uploads_and_write_mode_never_restores(
     write = project.run("-k", "test_f", "--megacache-mode", "write")
     assert write.fx_misses == 1  # nothing was restored
     assert write.report and not write.report["restore"]["attempted"]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 64 KiB filesystem (tmpfs), so a write really fails with ENOSPC."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_full_disk_store_warns_and_keeps_the_session_green(pytester: pytest.Pytester, tiny_disk: Path) -> None:
+    (tiny_disk / "filler").write_bytes(b"\0" * 60 * 1024)
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tiny_disk / "store")})
+    run = project.run("-k", "test_f")
+    run.result.assert_outcomes(passed=1, deselected=2)
+    assert run.result.ret == 0
+    run.result.stdout.fnmatch_lines(["*MegacacheWarning: upload: cannot write*No space left on device*"])
+    assert run.report and run.report["upload"]["reason"] == "upload failed"
+    assert not list(tiny_disk.rglob("*.mcb")) and not list(tiny_disk.rglob(".tmp-*"))
