@@ -1,0 +1,364 @@
+"""pytest-megacache, end to end: a cold CI run fills an S3 bucket, a fresh "runner" restores from it.
+
+Run from the repository root with the project's virtualenv (``scripts/demo.sh`` sets it up)::
+
+    python demo/run_demo.py [--keep] [-- extra pytest args]
+
+What it does:
+
+1. starts an S3 server (moto) on 127.0.0.1 and creates a bucket;
+2. runs ``example_project``'s tests with ``--megacache-bucket``: COLD, with empty Inductor, Triton and
+   temp directories;
+3. runs them again, WARM, as a new CI runner would: new empty Inductor, Triton and temp directories, so
+   everything reused comes out of the bucket;
+4. prints the two runs side by side. Wall time is measured here, around each pytest process; compile time
+   and bytes moved come from the plugin's JSON report; the cache hits and misses come from torch's own
+   counters, written by a demo-only pytest plugin (``demo/megacache_demo_counters.py``), not from the
+   plugin under demonstration.
+
+Exits non-zero if either pytest run fails, or if the warm run missed torch's FX graph cache (or never hit it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_DIR = ROOT / "demo"
+TESTS = "example_project/tests"
+BUCKET = "megacache-demo"
+COUNTERS_PLUGIN = "megacache_demo_counters"
+COUNTERS_ENV = "MEGACACHE_DEMO_COUNTERS"
+
+# Settings from the calling shell that would change what the demo measures: a configured store or mode,
+# the user's own cache directories or cache switches, AWS credentials, profiles and endpoints, extra pytest
+# options. The demo sets what it needs itself.
+STRIPPED_PREFIXES = ("MEGACACHE_", "AWS_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE_", "TRITON_")
+STRIPPED_NAMES = {"PYTEST_ADDOPTS", "PYTEST_PLUGINS", "OMP_NUM_THREADS"}
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+@dataclass
+class RunResult:
+    name: str
+    returncode: int
+    wall_seconds: float
+    report: dict[str, Any] | None
+    counters: dict[str, Any] | None
+    bucket_objects: int
+    bucket_bytes: int
+    keys: list[str] = field(default_factory=list)
+
+
+class S3:
+    """The embedded S3 server and a client for it."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+
+    def __enter__(self) -> S3:
+        # moto's server logs every request through werkzeug; the demo prints what matters itself.
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def objects(self, bucket: str) -> list[tuple[str, int]]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        return sorted((o["Key"], int(o["Size"])) for page in pages for o in page.get("Contents", []))
+
+
+def child_env(s3: S3, run_dir: Path, counters_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(STRIPPED_PREFIXES) and k not in STRIPPED_NAMES}
+    dirs = {name: run_dir / name for name in ("inductor-cache", "triton-cache", "tmp")}
+    for path in dirs.values():
+        path.mkdir(parents=True)
+    no_aws_files = str(run_dir / "no-aws-config")  # never read the user's ~/.aws
+    env.update({
+        "TORCHINDUCTOR_CACHE_DIR": str(dirs["inductor-cache"]),
+        "TRITON_CACHE_DIR": str(dirs["triton-cache"]),
+        "TMPDIR": str(dirs["tmp"]),
+        "AWS_ENDPOINT_URL_S3": s3.url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": no_aws_files,
+        "AWS_SHARED_CREDENTIALS_FILE": no_aws_files,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(DEMO_DIR), os.environ.get("PYTHONPATH", "")) if p),
+        COUNTERS_ENV: str(counters_path),
+    })
+    return env
+
+
+def stream(proc: subprocess.Popen[bytes], prefix: str) -> None:
+    """Copy the child's output as it comes (pytest's progress dots included), prefixing each line."""
+    assert proc.stdout is not None
+    out = sys.stdout.buffer
+    at_line_start = True
+    while True:
+        chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]
+        if not chunk:
+            break
+        for piece in chunk.splitlines(keepends=True):
+            if at_line_start:
+                out.write(prefix.encode())
+            out.write(piece)
+            at_line_start = piece.endswith(b"\n")
+        out.flush()
+    if not at_line_start:
+        out.write(b"\n")
+        out.flush()
+
+
+def load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_pytest(name: str, s3: S3, bucket: str, work: Path, extra: list[str]) -> RunResult:
+    run_dir = work / name
+    report_path, counters_path = run_dir / "megacache-report.json", run_dir / "torch-counters.json"
+    env = child_env(s3, run_dir, counters_path)
+    cmd = [sys.executable, "-m", "pytest", TESTS, "-q", "-p", "no:cacheprovider", "-p", COUNTERS_PLUGIN,
+           "--megacache-bucket", bucket, "--megacache-report", str(report_path), *extra]
+    say(f"{name.upper()} run: empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TMPDIR under {run_dir}")
+    say("  $ " + " ".join(cmd[2:]))
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    try:
+        stream(proc, f"  [{name}] ")
+    finally:
+        returncode = proc.wait()
+    wall = time.perf_counter() - start
+    objects = s3.objects(bucket)
+    result = RunResult(name, returncode, wall, load_json(report_path), load_json(counters_path),
+                       len(objects), sum(size for _, size in objects), [key for key, _ in objects])
+    say(f"{name} run finished in {wall:.1f} s (pytest exit {returncode}); the bucket holds "
+        f"{result.bucket_objects} object(s), {human_bytes(result.bucket_bytes)}")
+    for key, size in objects:
+        say(f"  s3://{bucket}/{key}  ({human_bytes(size)})")
+    return result
+
+
+# --- the table -------------------------------------------------------------------------------------
+def _get(data: dict[str, Any] | None, *path: str) -> Any:
+    for part in path:
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None:
+        return "n/a"
+    if kind == "s":
+        return f"{value:.2f} s"
+    if kind == "bytes":
+        return f"{human_bytes(value)} ({value:,} B)" if value else "0 B"
+    return str(value)
+
+
+def _ratio(cold: Any, warm: Any) -> str:
+    if not isinstance(cold, (int, float)) or not isinstance(warm, (int, float)) or cold <= 0:
+        return ""
+    return f"{warm / cold:.2f}x"
+
+
+def table(cold: RunResult, warm: RunResult) -> list[str]:
+    rows: list[tuple[str, str, Any, Any, bool]] = []  # label, kind, cold, warm, show ratio
+
+    def row(label: str, kind: str, fn: Any, ratio: bool = False) -> None:
+        rows.append((label, kind, fn(cold), fn(warm), ratio))
+
+    row("pytest exit code", "", lambda r: r.returncode)
+    row("session wall time (measured by the demo)", "s", lambda r: r.wall_seconds, ratio=True)
+    row("time compiling (report torch.compile_seconds)", "s", lambda r: _get(r.report, "torch", "compile_seconds"),
+        ratio=True)
+    row("compile events (report torch.compiles)", "", lambda r: _get(r.report, "torch", "compiles"))
+    row("FX graph cache hits (torch counters)", "", lambda r: _get(r.counters, "inductor", "fxgraph_cache_hit") or 0
+        if r.counters else None)
+    row("FX graph cache misses (torch counters)", "", lambda r: _get(r.counters, "inductor", "fxgraph_cache_miss") or 0
+        if r.counters else None)
+    row("AOTAutograd cache hits (torch counters)", "", lambda r: _get(r.counters, "aot_autograd", "autograd_cache_hit")
+        or 0 if r.counters else None)
+    row("AOTAutograd cache misses (torch counters)", "",
+        lambda r: _get(r.counters, "aot_autograd", "autograd_cache_miss") or 0 if r.counters else None)
+    # Graphs with nothing for Inductor to compile (and a dynamic-shape graph's restarted first attempt) miss
+    # AOTAutograd's cache on every run: torch never saves them. This row shows how many it did save.
+    row("AOTAutograd entries saved by torch (torch counters)", "",
+        lambda r: _get(r.counters, "aot_autograd", "autograd_cache_saved") or 0 if r.counters else None)
+    row("restore: objects used / listed", "", lambda r: None if r.report is None else
+        f"{_get(r.report, 'restore', 'objects_used')} / {_get(r.report, 'restore', 'objects_listed')}")
+    row("restore: bytes fetched (report restore.bytes_fetched)", "bytes",
+        lambda r: _get(r.report, "restore", "bytes_fetched"))
+    row("restore: seconds (report restore.seconds)", "s", lambda r: _get(r.report, "restore", "seconds"))
+    row("restore: compiled files written", "", lambda r: _get(r.report, "restore", "files_written"))
+    row("artifacts loaded into torch", "", lambda r: None if r.report is None else
+        (sum(_get(r.report, "load", "artifacts").values()) if _get(r.report, "load", "ok") else "none"))
+    row("upload: bytes (report upload.bytes)", "bytes", lambda r: _get(r.report, "upload", "bytes"))
+    row("upload: new entries", "", lambda r: None if r.report is None else
+        (sum((_get(r.report, "upload", "new_entries") or {}).values()) or
+         f"0 ({_get(r.report, 'upload', 'reason')})"))
+    row("objects in the bucket after the run", "", lambda r: r.bucket_objects)
+    row("cache problems reported by the plugin", "", lambda r: None if r.report is None else
+        len(r.report.get("problems") or []))
+
+    header = ("", "COLD", "WARM", "warm/cold")
+    cells = [header] + [(label, _fmt(c, kind), _fmt(w, kind), _ratio(c, w) if ratio else "")
+                        for label, kind, c, w, ratio in rows]
+    widths = [max(len(cell[i]) for cell in cells) for i in range(4)]
+    lines = []
+    for i, cell in enumerate(cells):
+        values = [c.rjust(w) for c, w in zip(cell[1:], widths[1:], strict=True)]
+        lines.append("  ".join([cell[0].ljust(widths[0]), *values]))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+# --- checks ----------------------------------------------------------------------------------------
+def check(cold: RunResult, warm: RunResult) -> tuple[list[str], list[str]]:
+    """(failures, notes): failures make the demo exit non-zero."""
+    failures: list[str] = []
+    notes: list[str] = []
+    for r in (cold, warm):
+        if r.returncode != 0:
+            failures.append(f"the {r.name} pytest run failed (exit {r.returncode}); its output is above")
+        if r.report is None:
+            failures.append(f"the {r.name} run wrote no megacache report (is pytest-megacache installed?)")
+        elif not r.report.get("enabled"):
+            failures.append(f"pytest-megacache was not active in the {r.name} run: {r.report.get('reason')}")
+        if r.counters is None:
+            failures.append(f"the {r.name} run wrote no torch counters ({COUNTERS_PLUGIN} did not run)")
+        elif not r.counters.get("torch_dynamo_imported"):
+            failures.append(f"the {r.name} run never reached torch.compile (all compiled tests skipped?)")
+        for problem in (r.report or {}).get("problems") or []:
+            notes.append(f"{r.name} run, plugin problem: {problem}")
+        # The plugin's claims against torch's own counters.
+        if r.report is not None and r.counters is not None:
+            claimed = _get(r.report, "torch", "counters") or {}
+            for group, name in (("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
+                                ("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss")):
+                torch_says = _get(r.counters, group, name) or 0
+                if claimed.get(name, 0) != torch_says:
+                    notes.append(f"{r.name} run: the report says {name}={claimed.get(name, 0)}, "
+                                 f"torch says {torch_says}")
+    warm_hits = _get(warm.counters, "inductor", "fxgraph_cache_hit") or 0
+    warm_misses = _get(warm.counters, "inductor", "fxgraph_cache_miss") or 0
+    if warm.counters is not None and warm_misses:
+        why = [f"the warm run missed torch's FX graph cache {warm_misses} time(s): it recompiled graphs the cold "
+               "run had uploaded"]
+        fp_cold, fp_warm = _get(cold.report, "fingerprint", "key"), _get(warm.report, "fingerprint", "key")
+        if fp_cold != fp_warm:
+            why.append(f"the fingerprints differ (cold {fp_cold}, warm {fp_warm}), so the warm run looked in "
+                       "another folder")
+        if warm.report is not None:
+            restore, load = warm.report.get("restore") or {}, warm.report.get("load") or {}
+            if not restore.get("objects_used"):
+                why.append(f"the warm run restored no object ({restore.get('objects_listed', 0)} listed)")
+            if load.get("called") and not load.get("ok"):
+                why.append(f"torch refused the restored artifacts: {load.get('error')}")
+            if warm.report.get("problems"):
+                why.append("the plugin reported problems (see the notes above)")
+        failures.append("; ".join(why))
+    elif warm.counters is not None and warm.counters.get("torch_dynamo_imported") and not warm_hits:
+        failures.append("the warm run never hit the FX graph cache")
+    return failures, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (caches, reports, logs)")
+    parser.add_argument("--bucket", default=BUCKET, help=f"bucket name on the embedded server (default {BUCKET})")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
+    args = parser.parse_args(argv)
+
+    total_start = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="megacache-demo-"))
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        version = "not installed"
+    say(f"python {sys.version.split()[0]}, torch {version}, {os.cpu_count()} CPU(s); scratch directory {work}")
+    try:
+        with S3() as s3:
+            s3.client().create_bucket(Bucket=args.bucket)
+            say(f"S3 server (moto) on {s3.url}, bucket {args.bucket!r} created, empty")
+            cold = run_pytest("cold", s3, args.bucket, work, args.pytest_args)
+            warm = run_pytest("warm", s3, args.bucket, work, args.pytest_args)
+    finally:
+        if args.keep:
+            say(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print()
+    say("results (every number measured in these two runs)")
+    for line in table(cold, warm):
+        print("  " + line)
+    print()
+    failures, notes = check(cold, warm)
+    for note in notes:
+        say(f"note: {note}")
+    say(f"whole demo: {time.perf_counter() - total_start:.1f} s")
+    if failures:
+        for failure in failures:
+            say(f"FAILED: {failure}")
+        return 1
+    say("OK: the warm run reused every FX graph the cold run compiled")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
