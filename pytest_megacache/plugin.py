@@ -72,7 +72,7 @@ class MegacachePlugin:
         if settings.mode == "off":
             self.reason = "mode off"
         elif not settings.enabled:
-            self.reason = "no store configured (--megacache-bucket or --megacache-dir)"
+            self.reason = "no store configured; set --megacache-bucket or --megacache-dir"
         else:
             try:
                 self.fingerprint = compute()
