@@ -144,7 +144,7 @@ class TorchAdapter:
         """``torch.compiler.load_cache_artifacts`` on a container that :mod:`torchfmt` already validated."""
         start = time.perf_counter()
         try:
-            import torch._dynamo
+            import torch._dynamo  # torch 2.7 needs it imported first: pytorch/pytorch#154463
             import torch.compiler
 
             info = torch.compiler.load_cache_artifacts(container)
