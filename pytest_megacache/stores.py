@@ -63,6 +63,21 @@ class Store(Protocol):
 
     def delete(self, folder: str, name: str) -> None: ...
 
+    def walk(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+        """Every object below ``prefix`` at any depth, as (folder, info); invalid names are skipped."""
+        ...
+
+
+def _split_key(prefix: str, key: str) -> tuple[str, str] | None:
+    """``prefix/a/b/name.mcb`` -> (``prefix/a/b``, ``name.mcb``) when both parts are valid."""
+    folder, _, name = key.rpartition("/")
+    if not folder or not valid_object_name(name) or not (folder == prefix or folder.startswith(prefix + "/")):
+        return None
+    try:
+        return validate_folder(folder), name
+    except StoreError:
+        return None
+
 
 class MemoryStore:
     """In-process reference store for tests."""
@@ -96,6 +111,17 @@ class MemoryStore:
     def delete(self, folder: str, name: str) -> None:
         with self._lock:
             self.objects.pop((validate_folder(folder), name), None)
+
+    def walk(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+        prefix = validate_folder(prefix)
+        with self._lock:
+            items = list(self.objects.items())
+        out = []
+        for (folder, name), (data, when) in items:
+            split = _split_key(prefix, f"{folder}/{name}")
+            if split is not None:
+                out.append((split[0], ObjectInfo(name, len(data), when)))
+        return sorted(out, key=lambda fo: (fo[0], fo[1].name))
 
 
 class LocalDirStore:
@@ -172,6 +198,25 @@ class LocalDirStore:
             pass
         except OSError as exc:
             raise StoreError(f"cannot delete {name}: {exc.strerror or exc}", "io") from exc
+
+    def walk(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+        prefix = validate_folder(prefix)
+        base = self._dir(prefix)
+        out = []
+        try:
+            for dirpath, dirnames, filenames in os.walk(base, onerror=None, followlinks=False):
+                rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+                for fn in filenames:
+                    split = _split_key(prefix, f"{rel}/{fn}")
+                    path = os.path.join(dirpath, fn)
+                    if split is None or os.path.islink(path):
+                        continue
+                    st = os.lstat(path)
+                    out.append((split[0], ObjectInfo(fn, st.st_size, st.st_mtime)))
+        except OSError as exc:
+            raise StoreError(f"cannot walk {base}: {exc.strerror or exc}", "io") from exc
+        return sorted(out, key=lambda fo: (fo[0], fo[1].name))
 
 
 def _classify(exc: BaseException) -> str:
@@ -267,6 +312,25 @@ class S3Store:
 
     def delete(self, folder: str, name: str) -> None:
         self._call("delete", self.client.delete_object, Key=self._key(folder, name))
+
+    def walk(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+        prefix = validate_folder(prefix)
+        out = []
+        token = None
+        while True:
+            kwargs: dict[str, Any] = {"Prefix": prefix + "/"}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._call("list", self.client.list_objects_v2, **kwargs)
+            for item in page.get("Contents", []):
+                split = _split_key(prefix, str(item["Key"]))
+                if split is not None:
+                    out.append((split[0], ObjectInfo(split[1], int(item.get("Size", 0)),
+                                                     item["LastModified"].timestamp())))
+            if not page.get("IsTruncated"):
+                break
+            token = page.get("NextContinuationToken")
+        return sorted(out, key=lambda fo: (fo[0], fo[1].name))
 
 
 def make_s3_client(endpoint_url: str | None = None, connect_timeout: float = 3.0, read_timeout: float = 30.0,

@@ -356,3 +356,14 @@ def test_from_settings_picks_the_backend(tmp_path: Path, s3_env: S3Server) -> No
     assert isinstance(s3, S3Store) and s3.bucket == "my-bucket"
     with pytest.raises(StoreError, match="no store configured"):
         stores.from_settings(Settings())
+
+
+def test_walk_finds_objects_at_every_depth(store: Store) -> None:
+    store.put("p/main/fp-a", "a.mcb", b"1")
+    store.put("p/main/fp-b/x", "b.mcb", b"22")
+    store.put("p/feature+x/fp-a", "c.mcb", b"333")
+    store.put("other/fp-a", "d.mcb", b"4")
+    store.put("pp/fp", "e.mcb", b"5")  # shares the prefix's first letters, not the prefix
+    found = [(folder, info.name, info.size) for folder, info in store.walk("p")]
+    assert found == [("p/feature+x/fp-a", "c.mcb", 3), ("p/main/fp-a", "a.mcb", 1), ("p/main/fp-b/x", "b.mcb", 2)]
+    assert store.walk("nothing-here") == []
