@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -18,11 +18,12 @@ from .bundle import Entries, Limits
 from .errors import BundleError, StoreError
 from .files import FileRoot
 from .stores import ObjectInfo, Store, new_object_name
-from .torch_adapter import LoadResult, TorchAdapter
+from .torch_adapter import MISS_COUNTERS, LoadResult, TorchAdapter
 
 # Store failures that make every later call fail too: report once, do not try to upload.
 STORE_DOWN_KINDS = frozenset({"unreachable", "no-bucket", "denied", "credentials"})
 FETCH_WORKERS = 8
+MAX_COLD_SECONDS = 500  # artifacts whose cold compile seconds one object's header records
 
 
 @dataclass
@@ -32,11 +33,14 @@ class RestoreStats:
     objects_used: int = 0
     objects_rejected: int = 0
     bytes_fetched: int = 0
+    folders: dict[str, int] = field(default_factory=dict)  # objects used per folder (scope)
     entries: dict[str, int] = field(default_factory=dict)
     files_written: int = 0
     files_present: int = 0
     seconds: float = 0.0
     ok: bool = False
+    why_miss: str | None = None  # when nothing is stored for this fingerprint: the nearest one that is
+    source: str = "store"  # "store", or "controller" for an xdist worker reading what its controller staged
 
 
 @dataclass
@@ -68,6 +72,44 @@ class TorchStats:
     compiles: int = 0
     compile_seconds: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)
+    # nodeid -> {"seconds", "compiles", "counters", "artifacts": ["type:key", ...]}
+    per_test: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds_saved: float = 0.0  # cold compile seconds recorded for the restored artifacts this session used
+    layers: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> restored/used/new
+    workers: int = 0
+
+    @classmethod
+    def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
+        per_test = {
+            nodeid: {"seconds": round(t.seconds, 4), "compiles": t.compiles, "counters": dict(t.counters),
+                     "artifacts": [f"{typ}:{key}" for typ, key in t.artifacts]}
+            for nodeid, t in adapter.per_test.items()
+        }
+        return cls(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds, adapter.counters(), per_test)
+
+    def add(self, other: Mapping[str, Any]) -> None:
+        """Fold in another process's stats (an xdist worker's, as a dict)."""
+        self.workers += 1
+        self.compiled = self.compiled or bool(other.get("compiled"))
+        self.compiles += int(other.get("compiles", 0))
+        self.compile_seconds += float(other.get("compile_seconds", 0.0))
+        for k, v in dict(other.get("counters", {})).items():
+            self.counters[str(k)] = self.counters.get(str(k), 0) + int(v)
+        self.per_test.update(dict(other.get("per_test", {})))
+
+
+def _ident(artifact: str) -> tuple[str, str]:
+    typ, _, key = artifact.partition(":")
+    return (bundlemod.TORCH_PREFIX + typ, key)
+
+
+@dataclass
+class Fetched:
+    folder: str
+    info: ObjectInfo
+    size: int
+    header: bundlemod.Header | None
+    entries: Entries | None
 
 
 class CacheSession:
@@ -84,10 +126,17 @@ class CacheSession:
         writes: bool,
         compact_after: int = 8,
         limits: Limits = bundlemod.DEFAULT_LIMITS,
+        read_folders: Sequence[str] | None = None,
+        signing_keys: Sequence[bytes] = (),
+        meta: Mapping[str, object] | None = None,
     ) -> None:
         self._store_factory = store_factory
         self._store: Store | None = None
-        self.folder = folder
+        self.folder = folder  # where this session writes (its scope)
+        # Where it reads, in order: its own scope first, then the default branch's.
+        self.read_folders = list(dict.fromkeys(read_folders or [folder]))
+        self.signing_keys = list(signing_keys)
+        self.meta = dict(meta or {})
         self.fingerprint = fingerprint
         self.roots = roots
         self.reads = reads
@@ -99,13 +148,18 @@ class CacheSession:
         self._reported = 0
         self.store_down = False
         self.restored = Entries()
-        self.restored_objects: list[ObjectInfo] = []
+        self.restored_objects: list[ObjectInfo] = []  # objects of the write folder (compaction input)
+        self.restored_own = Entries()  # what those objects hold
+        self.restored_headers: list[bundlemod.Header] = []
         self.before: dict[str, set[str]] = {}
         self.restore_stats = RestoreStats()
         self.load_stats = LoadStats()
         self.upload_stats = UploadStats()
         self.torch_stats = TorchStats()
         self._thread: threading.Thread | None = None
+        # Run in the restore thread: one when nothing is stored (why-miss), one when it is done (xdist staging).
+        self.diagnose: Callable[[CacheSession], str | None] | None = None
+        self.after_restore: Callable[[CacheSession], None] | None = None
         self._restore_done = threading.Event()
         self._loaded = False
 
@@ -153,53 +207,66 @@ class CacheSession:
     def _restore_guarded(self) -> None:
         try:
             self._restore()
+            if self.restore_stats.ok and self.restore_stats.objects_listed == 0 and self.diagnose is not None:
+                self.restore_stats.why_miss = self.diagnose(self)
         except Exception as exc:  # noqa: BLE001 - a cache bug must never fail the session
             self.problem(f"restore failed unexpectedly: {type(exc).__name__}: {exc}")
         finally:
             self._snapshot()
+            if self.after_restore is not None:
+                try:
+                    self.after_restore(self)
+                except Exception as exc:  # noqa: BLE001
+                    self.problem(f"after the restore: {type(exc).__name__}: {exc}")
             self._restore_done.set()
 
     def _snapshot(self) -> None:
         self.before = {root.kind: root.snapshot() for root in self.roots}
 
-    def _fetch(self, store: Store, info: ObjectInfo) -> tuple[ObjectInfo, int, Entries | None]:
+    def _fetch(self, store: Store, folder: str, info: ObjectInfo) -> Fetched:
         try:
-            blob = store.get(self.folder, info.name, self.limits.max_object_bytes)
+            blob = store.get(folder, info.name, self.limits.max_object_bytes)
         except StoreError as exc:
             self._store_error(f"fetching {info.name}", exc)
-            return info, 0, None
+            return Fetched(folder, info, 0, None, None)
         if blob is None:  # deleted by a concurrent compaction: its content is in a newer object
-            return info, 0, None
+            return Fetched(folder, info, 0, None, None)
         try:
-            _header, entries = bundlemod.decode(blob, self.fingerprint, self.limits)
+            header, entries = bundlemod.decode(blob, self.fingerprint, self.limits, verify_keys=self.signing_keys)
         except BundleError as exc:
-            self.problem(f"refused {self.folder}/{info.name}: {exc}")
-            return info, len(blob), None
-        return info, len(blob), entries
+            self.problem(f"refused {folder}/{info.name}: {exc}")
+            return Fetched(folder, info, len(blob), None, None)
+        return Fetched(folder, info, len(blob), header, entries)
 
     def _restore(self) -> None:
         stats = self.restore_stats
         stats.attempted = True
         start = time.perf_counter()
+        listing: list[tuple[str, ObjectInfo]] = []
         try:
             store = self.store()
-            listing = store.list(self.folder)
+            for folder in self.read_folders:
+                listing.extend((folder, info) for info in store.list(folder))
         except StoreError as exc:
             self._store_error("restore", exc)
             stats.seconds = time.perf_counter() - start
             return
         stats.objects_listed = len(listing)
         with ThreadPoolExecutor(max_workers=max(1, min(FETCH_WORKERS, len(listing)))) as pool:
-            results = list(pool.map(lambda info: self._fetch(store, info), listing))
+            results = list(pool.map(lambda item: self._fetch(store, *item), listing))
         merged = Entries()
-        for info, size, entries in results:
-            stats.bytes_fetched += size
-            if entries is None:
-                stats.objects_rejected += size > 0
+        for got in results:
+            stats.bytes_fetched += got.size
+            if got.entries is None or got.header is None:
+                stats.objects_rejected += got.size > 0
                 continue
-            merged.update(entries)
-            self.restored_objects.append(info)
-        stats.objects_used = len(self.restored_objects)
+            merged.update(got.entries)
+            stats.objects_used += 1
+            stats.folders[got.folder] = stats.folders.get(got.folder, 0) + 1
+            self.restored_headers.append(got.header)
+            if got.folder == self.folder:
+                self.restored_objects.append(got.info)
+                self.restored_own.update(got.entries)
         try:
             for root in self.roots:
                 written, present = root.restore(merged)
@@ -254,10 +321,71 @@ class CacheSession:
             self.upload_stats.files_skipped.extend(skipped)
         return session
 
-    def finish(self, adapter: TorchAdapter, timeout: float) -> None:
-        """Record torch's counters, then upload what is new."""
-        self.torch_stats = TorchStats(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds,
-                                      adapter.counters())
+    def account(self, adapter: TorchAdapter | None, workers: Sequence[Mapping[str, Any]] = ()) -> TorchStats:
+        """torch's figures for this session (and its xdist workers'), with per-layer use and seconds saved."""
+        ts = TorchStats.from_adapter(adapter) if adapter is not None else TorchStats()
+        for worker in workers:
+            ts.add(worker)
+        cold = self.restored_cold_seconds()
+        restored_torch = {e.ident for e in self.restored.of_kind_prefix(bundlemod.TORCH_PREFIX)}
+        used: set[tuple[str, str]] = set()
+        for record in ts.per_test.values():
+            hits = [a for a in map(_ident, record["artifacts"]) if a in restored_torch]
+            record["seconds_saved"] = round(sum(cold.get(a, 0.0) for a in hits), 3)
+            used.update(hits)
+        ts.seconds_saved = round(sum(cold.get(a, 0.0) for a in used), 3)
+        for kind, count in self.restored.counts().items():
+            if kind.startswith(bundlemod.TORCH_PREFIX):
+                ts.layers[kind[len(bundlemod.TORCH_PREFIX):]] = {"restored": count, "used": 0}
+        for kind, _key in used:
+            ts.layers.setdefault(kind[len(bundlemod.TORCH_PREFIX):], {"restored": 0, "used": 0})["used"] += 1
+        self.torch_stats = ts
+        return ts
+
+    def restored_cold_seconds(self) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for header in self.restored_headers:
+            table = header.extra.get("cold_seconds")
+            if isinstance(table, dict):
+                for artifact, seconds in table.items():
+                    if isinstance(artifact, str) and isinstance(seconds, (int, float)):
+                        out.setdefault(_ident(artifact), float(seconds))
+        return out
+
+    def cold_seconds(self, payload: Entries) -> dict[str, float]:
+        """For the torch artifacts in ``payload``: each new one's share of the compile seconds of the test
+        that produced it, and what restored objects recorded for the others (a compaction keeps them)."""
+        out: dict[str, float] = {}
+        for record in self.torch_stats.per_test.values():
+            fresh = [a for a in record["artifacts"] if _ident(a) in payload and _ident(a) not in self.restored]
+            for artifact in fresh:
+                out.setdefault(artifact, round(float(record["seconds"]) / len(fresh), 4))
+        for (kind, key), seconds in self.restored_cold_seconds().items():
+            if (kind, key) in payload:
+                out.setdefault(f"{kind[len(bundlemod.TORCH_PREFIX):]}:{key}", seconds)
+        return dict(list(out.items())[:MAX_COLD_SECONDS])
+
+    def upload_meta(self, payload: Entries) -> dict[str, object]:
+        ts = self.torch_stats
+        misses = sum(ts.counters.get(name, 0) for name in MISS_COUNTERS)
+        return {"producer": {**self.meta, "misses": misses, "compile_seconds": round(ts.compile_seconds, 3)},
+                "cold_seconds": self.cold_seconds(payload)}
+
+    def expects_full_coverage(self, selection: str | None) -> bool:
+        """Whether a restored object came from a session that ran this very selection of tests: everything
+        that session compiled was uploaded, so this one should find all of it cached."""
+        if not selection:
+            return False
+        for header in self.restored_headers:
+            producer = header.extra.get("producer")
+            if isinstance(producer, dict) and producer.get("selection") == selection:
+                return True
+        return False
+
+    def finish(self, adapter: TorchAdapter | None, timeout: float, *,
+               workers: Sequence[Mapping[str, Any]] = (), worker_entries: Entries | None = None) -> None:
+        """Record torch's counters, then upload what is new (this process's and its xdist workers')."""
+        self.account(adapter, workers)
         up = self.upload_stats
         # Wait even when nothing compiled, so a broken store is reported in every session.
         if self.reads and not self.wait_restore(timeout):
@@ -273,7 +401,9 @@ class CacheSession:
             up.reason = "store unavailable"
             return
         start = time.perf_counter()
-        session = self.collect(adapter)
+        session = self.collect(adapter) if adapter is not None else Entries()
+        if worker_entries is not None:
+            session.update(worker_entries)
         up.session_entries = len(session)
         new = session.minus(self.restored)
         up.new_entries = new.counts()
@@ -282,9 +412,10 @@ class CacheSession:
             return
         up.attempted = True
         compact = len(self.restored_objects) + 1 > self.compact_after
-        payload = Entries(self.restored) if compact else Entries()
+        payload = Entries(self.restored_own) if compact else Entries()
         payload.update(new)
-        blob = bundlemod.encode(payload, self.fingerprint)
+        blob = bundlemod.encode(payload, self.fingerprint, extra=self.upload_meta(payload),
+                                signing_key=self.signing_keys[0] if self.signing_keys else None)
         try:
             store = self.store()
             store.put(self.folder, new_object_name(), blob)
@@ -312,3 +443,43 @@ class CacheSession:
             "torch": asdict(self.torch_stats),
             "upload": asdict(self.upload_stats),
         }
+
+
+def nearest_fingerprint(store: Store, prefix: str, scopes: Sequence[str], key: str,
+                        parts: Mapping[str, object], limits: Limits = bundlemod.DEFAULT_LIMITS) -> str | None:
+    """Why nothing was found: the stored fingerprint closest to ``key`` and what differs from ``parts``.
+
+    Folders are ``prefix/scope/<4-part key>``. Closeness: shared key segments, preferring the
+    session's own scopes, then the newest object."""
+    mine = key.split("/")
+    best: tuple[tuple[int, int, float], str, str, str] | None = None
+    for folder, info in store.walk(prefix):
+        rel = folder[len(prefix) + 1:].split("/")
+        if len(rel) != 1 + len(mine):
+            continue
+        scope, other = rel[0], rel[1:]
+        if other == mine:
+            continue
+        rank = (sum(a == b for a, b in zip(mine, other, strict=True)), scope in scopes, info.modified)
+        if best is None or rank > best[0]:
+            best = (rank, folder, info.name, scope)
+    if best is None:
+        return "nothing is stored under this prefix yet"
+    _rank, folder, name, scope = best
+    stored_key = "/".join(folder.split("/")[-len(mine):])
+    diffs: list[str] = []
+    try:
+        blob = store.get(folder, name, limits.max_object_bytes)
+        header = bundlemod.decode_header(blob, limits)[0] if blob is not None else None
+    except (StoreError, BundleError):
+        header = None
+    producer = header.extra.get("producer") if header is not None else None
+    theirs = producer.get("fingerprint_parts") if isinstance(producer, dict) else None
+    if isinstance(theirs, dict):
+        for name_ in sorted(set(parts) | set(theirs)):
+            if name_ not in ("device",) and parts.get(name_) != theirs.get(name_):
+                diffs.append(f"{name_} {theirs.get(name_)!r} here {parts.get(name_)!r}")
+    else:
+        diffs = [f"key part {i + 1}: {b!r} here {a!r}" for i, (a, b) in enumerate(zip(mine, stored_key.split("/"), strict=True))
+                 if a != b]
+    return f"nearest stored fingerprint is {stored_key} (scope {scope}); it differs in: " + ("; ".join(diffs) or "?")

@@ -40,6 +40,25 @@ def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:
     return Path(tempfile.gettempdir(), "torchinductor_" + user).absolute()
 
 
+def triton_cache_dir(env: dict[str, str] | None = None) -> Path:
+    """TRITON_CACHE_DIR as Triton resolves it (``knobs.cache.dir``), without importing Triton."""
+    env = dict(os.environ if env is None else env)
+    if env.get("TRITON_CACHE_DIR"):
+        return Path(env["TRITON_CACHE_DIR"]).absolute()
+    home = env.get("TRITON_HOME") or os.path.expanduser("~")
+    return Path(home, ".triton", "cache").absolute()
+
+
+def triton_installed() -> bool:
+    """Whether Triton is importable (looked up, not imported: importing it costs seconds)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class FileRoot:
     """A cache directory whose files travel as ``file/<name>`` entries."""

@@ -3,18 +3,23 @@ the cache flow itself lives in :mod:`pytest_megacache.core`."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import socket
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from . import ci_env, xdist
 from . import report as reportmod
-from .core import CacheSession
-from .errors import MegacacheWarning
-from .files import FileRoot, inductor_cache_dir
+from .bundle import Entries, parse_signing_keys
+from .core import CacheSession, nearest_fingerprint
+from .errors import BundleError, MegacacheWarning
+from .files import FileRoot, inductor_cache_dir, triton_cache_dir, triton_installed
 from .fingerprint import Fingerprint, TorchUnavailable, compute
 from .settings import OPTIONS, Settings, SettingsError, resolve
 from .stores import from_settings
@@ -45,7 +50,13 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except SettingsError as exc:
         raise pytest.UsageError(f"pytest-megacache: {exc}") from None
-    plugin = MegacachePlugin(config, settings)
+    notes: list[str] = []
+    if "mode" not in settings.explicit and settings.mode == "readwrite":
+        fork = ci_env.is_fork_pull_request(os.environ)
+        if fork.fork:
+            settings = replace(settings, mode="read")
+            notes.append(f"read-only: {fork.reason} (set --megacache-mode to override)")
+    plugin = MegacachePlugin(config, settings, notes)
     config.stash[megacache_key] = plugin
     config.pluginmanager.register(plugin, PLUGIN_NAME)
 
@@ -59,9 +70,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 class MegacachePlugin:
-    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+    def __init__(self, config: pytest.Config, settings: Settings, notes: list[str] | None = None) -> None:
         self.config = config
         self.settings = settings
+        self.notes = list(notes or [])  # said once in the summary, not warnings
         self.started = time.perf_counter()
         self.fingerprint: Fingerprint | None = None
         self.reason: str | None = None
@@ -69,19 +81,65 @@ class MegacachePlugin:
         self.adapter: TorchAdapter | None = None
         self.report: dict[str, Any] | None = None
         self.warned: list[str] = []
+        self.signing_keys: list[bytes] = []
+        self.scope = self.default_scope = "main"
+        self.role = "worker" if hasattr(config, "workerinput") else "solo"  # "controller" decided at start
+        self.worker_id = str(getattr(config, "workerinput", {}).get("workerid", ""))
+        self.stage_dir: Path | None = None
+        self.selection: str | None = None
+        self.worker_outputs: list[dict[str, Any]] = []
+        self.worker_entries = Entries()
+        self.lost_workers: list[str] = []
+        self.single_thread = False
         if settings.mode == "off":
             self.reason = "mode off"
         elif not settings.enabled:
             self.reason = "no store configured; set --megacache-bucket or --megacache-dir"
         else:
-            try:
-                self.fingerprint = compute()
-            except TorchUnavailable as exc:
-                self.reason = str(exc)
-                self.warned.append(f"pytest-megacache is inactive: {exc}")
+            self._activate()
+
+    def _activate(self) -> None:
+        config, settings = self.config, self.settings
+        try:
+            self.signing_keys = parse_signing_keys(os.environ.get("MEGACACHE_SIGNING_KEY"))
+        except ValueError as exc:
+            self._inactive(f"MEGACACHE_SIGNING_KEY is unusable: {exc}")
+            return
+        try:
+            self.fingerprint = compute()
+        except TorchUnavailable as exc:
+            self._inactive(str(exc))
+            return
+        root = str(config.rootpath)
+        scope, _source = ci_env.current_scope(os.environ, root)
+        self.default_scope = settings.default_scope or ci_env.default_scope(os.environ, root)
+        self.scope = settings.scope or scope or self.default_scope
+        if not self.signing_keys and settings.reads:
+            self.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
+        if self.role == "worker":
+            self._worker_dirs()
+        self.pch_disabled = disable_precompiled_headers()
+        job = hashlib.sha256(f"{settings.prefix}\0{self.fingerprint.key}\0{config.rootpath.name}".encode())
+        TorchAdapter.set_job_id(f"megacache-{job.hexdigest()[:16]}")
+        if settings.precompile:
+            why_not = TorchAdapter.enable_precompile()
+            if why_not:
+                self.warned.append(f"--megacache-precompile ignored: {why_not}")
                 config.issue_config_time_warning(MegacacheWarning(self.warned[-1]), stacklevel=2)
-        if self.active:
-            self.pch_disabled = disable_precompiled_headers()
+
+    def _inactive(self, reason: str) -> None:
+        self.reason = reason
+        self.warned.append(f"pytest-megacache is inactive: {reason}")
+        if self.settings.strict:
+            raise pytest.UsageError(f"pytest-megacache (strict): {reason}")
+        self.config.issue_config_time_warning(MegacacheWarning(self.warned[-1]), stacklevel=2)
+
+    def _worker_dirs(self) -> None:
+        """Each xdist worker compiles into its own directories unless the user chose them (then they are
+        shared, and Inductor/Triton directories shared between processes can race: see the README)."""
+        for var, base in (("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir()), ("TRITON_CACHE_DIR", triton_cache_dir())):
+            if not os.environ.get(var):
+                os.environ[var] = xdist.worker_dir(str(base), self.worker_id)
 
     @property
     def active(self) -> bool:
@@ -91,33 +149,148 @@ class MegacachePlugin:
         self.warned.append(message)
         warnings.warn(MegacacheWarning(message), stacklevel=2)
 
+    def _folder(self, scope: str) -> str:
+        assert self.fingerprint is not None
+        return f"{self.settings.prefix}/{scope}/{self.fingerprint.key}"
+
+    def _roots(self) -> list[FileRoot]:
+        if not self.settings.files:
+            return []
+        roots = [FileRoot("inductor", inductor_cache_dir())]
+        if triton_installed():
+            roots.append(FileRoot("triton", triton_cache_dir()))
+        return roots
+
     # --- hooks ------------------------------------------------------------------------------------
     def pytest_report_header(self, config: pytest.Config) -> str:
         if not self.active or self.fingerprint is None:
             return f"megacache: off ({self.reason})"
-        return f"megacache: {self.settings.store_label()} [{self.settings.mode}] {self.fingerprint.key}"
+        return (f"megacache: {self.settings.store_label()} [{self.settings.mode}] scope {self.scope} "
+                f"{self.fingerprint.key}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if not self.active or self.fingerprint is None:
             return
         settings = self.settings
+        if self.role == "solo" and self.config.pluginmanager.getplugin("dsession") is not None:
+            self.role = "controller"
+        store_factory = lambda: from_settings(settings)  # noqa: E731
+        folders = [self._folder(self.scope), self._folder(self.default_scope)]
+        roots = self._roots()
+        if self.role == "worker":
+            stage = self._worker_stage()
+            store_factory = lambda: xdist.StagedStore(stage, settings.timeout)  # noqa: E731
+            folders = [xdist.STAGE_FOLDER]
+        elif self.role == "controller":
+            roots = []  # the controller runs no tests; workers restore files into their own directories
+            self.stage_dir = xdist.make_stage_dir()
         self.session = CacheSession(
-            store_factory=lambda: from_settings(settings),
-            folder=f"{settings.prefix}/{self.fingerprint.key}",
+            store_factory=store_factory,
+            folder=folders[0],
+            read_folders=folders,
             fingerprint=self.fingerprint.key,
-            roots=[FileRoot("inductor", inductor_cache_dir())] if settings.files else [],
+            roots=roots,
             reads=settings.reads,
-            writes=settings.writes,
+            writes=settings.writes and self.role != "worker",
             compact_after=settings.compact_after,
+            signing_keys=self.signing_keys if self.role != "worker" else (),
+            meta={"scope": self.scope, "fingerprint_parts": self.fingerprint.parts},
         )
-        cache_session = self.session
-        self.adapter = TorchAdapter(lambda: cache_session.load_into_torch(settings.timeout))
+        if self.role == "worker":
+            self.session.restore_stats.source = "controller"
+        else:
+            self.session.diagnose = self._diagnose
+        if self.role == "controller":
+            self.session.after_restore = self._stage
+        self.adapter = TorchAdapter(self._on_first_compile)
         # Strict runs restore up front so a problem stops the session before any test runs.
         self.session.start_restore(background=not settings.strict)
         if settings.strict and self.session.problems:
             raise pytest.UsageError("pytest-megacache (strict): " + "; ".join(self.session.new_problems()))
         self.adapter.install()
+
+    def _stage(self, session: CacheSession) -> None:
+        if self.stage_dir is not None:
+            xdist.stage(self.stage_dir, session.restored, session.fingerprint, session.restore_stats.ok)
+
+    def _worker_stage(self) -> Path:
+        workerinput: dict[str, Any] = getattr(self.config, "workerinput", {})
+        if xdist.same_host(workerinput):
+            self.stage_dir = Path(workerinput[xdist.KEY]["stage"])
+            return self.stage_dir
+        info = workerinput.get(xdist.KEY) or {}
+        return xdist.unpack_remote_stage(info.get("blob"))
+
+    def _diagnose(self, session: CacheSession) -> str | None:
+        assert self.fingerprint is not None
+        return nearest_fingerprint(session.store(), self.settings.prefix, [self.scope, self.default_scope],
+                                   self.fingerprint.key, self.fingerprint.parts)
+
+    def _on_first_compile(self) -> None:
+        session, adapter = self.session, self.adapter
+        if session is None or adapter is None:
+            return
+        session.load_into_torch(self.settings.timeout)
+        if self.settings.compile_threads == "auto" and session.expects_full_coverage(self.selection):
+            self.single_thread = adapter.single_compile_thread()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist controller: tell each worker where the staged restore is (or send it, for remote ones)."""
+        if self.session is None or self.stage_dir is None:
+            return
+        info: dict[str, Any] = {"stage": str(self.stage_dir), "host": socket.gethostname()}
+        if not getattr(getattr(node.gateway, "spec", None), "popen", False):
+            # A remote worker cannot read our disk: wait for the restore and send the staged object.
+            self.session.wait_restore(self.settings.timeout)
+            staged = sorted((self.stage_dir / xdist.STAGE_FOLDER).glob("*.mcb"))
+            info["blob"] = staged[0].read_bytes() if staged else None
+        node.workerinput[xdist.KEY] = info
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist controller: take over what a worker compiled."""
+        if self.session is None or self.fingerprint is None:
+            return
+        worker = str(getattr(node, "gateway", None) and node.gateway.id)
+        output = getattr(node, "workeroutput", {}).get(xdist.KEY)
+        if output is None:
+            self.lost_workers.append(worker)
+            self.session.problem(f"xdist worker {worker} ended without handing over its cache work "
+                                 f"({error or 'no output'}); only its new artifacts are lost")
+            return
+        try:
+            self.worker_entries.update(xdist.take_over(output, self.fingerprint.key))
+        except (OSError, BundleError) as exc:
+            self.session.problem(f"xdist worker {worker}'s artifacts were refused: {exc}")
+        self.worker_outputs.append(output)
+        for problem in output.get("problems", []):
+            self.session.problem(f"[{worker}] {problem}")
+        if self.selection is None:
+            self.selection = output.get("selection")
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.session is not None and session.items:
+            digest = hashlib.sha256("\n".join(sorted(item.nodeid for item in session.items)).encode())
+            self.selection = digest.hexdigest()[:32]
+            self.session.meta.update(selection=self.selection, tests=len(session.items))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        adapter = self.adapter
+        if adapter is None:
+            return (yield)
+        if self.session is not None and self.session.roots and any(r.name == "triton" for r in self.session.roots):
+            # User @triton.jit kernels compile at first launch, outside our compile callbacks: have their
+            # cache entries in place before the first test runs.
+            self.session.wait_restore(self.settings.timeout)
+        adapter.ensure_registered()
+        adapter.begin_test(item.nodeid)
+        try:
+            return (yield)
+        finally:
+            adapter.end_test()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> None:
@@ -130,12 +303,24 @@ class MegacachePlugin:
         stats = None
         if self.session is not None and self.adapter is not None:
             self.adapter.uninstall()
-            self.session.finish(self.adapter, self.settings.timeout)
+            if self.role == "worker":
+                self._finish_worker()
+            else:
+                self.session.finish(self.adapter if self.role == "solo" else None, self.settings.timeout,
+                                    workers=[o.get("torch", {}) for o in self.worker_outputs],
+                                    worker_entries=self.worker_entries if self.role == "controller" else None)
+                self._check_unused()
             stats = self.session.stats()
+            stats["torch"]["single_compile_thread"] = self.single_thread
+            stats["xdist"] = {"role": self.role, "workers": len(self.worker_outputs), "lost": self.lost_workers}
             for problem in self.session.new_problems():
                 self._warn(problem)
+        if self.role == "worker":
+            return
         settings = asdict(self.settings)
         settings["store"] = self.settings.store_label()
+        settings["explicit"] = sorted(self.settings.explicit)
+        settings["signing"] = bool(self.signing_keys)
         self.report = reportmod.build(
             enabled=self.active,
             reason=self.reason,
@@ -144,6 +329,8 @@ class MegacachePlugin:
             stats=stats,
             problems=list(self.warned),
             session_seconds=time.perf_counter() - self.started,
+            scope={"write": self.scope, "read": [self.scope, self.default_scope]} if self.active else None,
+            notes=self.notes,
         )
         if self.settings.report:
             try:
@@ -152,17 +339,51 @@ class MegacachePlugin:
                 self._warn(f"cannot write the report to {self.settings.report}: {exc}")
         if self.active:
             try:
-                reportmod.append_step_summary(self.report)
+                reportmod.append_step_summary(self.report, durations=self.settings.durations)
             except OSError as exc:
                 self._warn(f"cannot append to GITHUB_STEP_SUMMARY: {exc}")
         if self.settings.strict and self.warned and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def _finish_worker(self) -> None:
+        """Account, then hand what this worker compiled (and the controller lacks) to the controller."""
+        assert self.session is not None and self.adapter is not None and self.fingerprint is not None
+        cs = self.session
+        cs.wait_restore(self.settings.timeout)
+        ts = cs.account(self.adapter)
+        output: dict[str, Any] = {"torch": {k: v for k, v in asdict(ts).items() if k != "layers"},
+                                  "selection": self.selection, "restore": asdict(cs.restore_stats)}
+        if ts.compiled and self.settings.writes:
+            new = cs.collect(self.adapter).minus(cs.restored)
+            try:
+                output.update(xdist.hand_over(self.stage_dir, self.worker_id, new, self.fingerprint.key))
+            except (OSError, BundleError) as exc:
+                cs.problem(f"could not hand the new artifacts to the controller: {exc}")
+        output["problems"] = cs.new_problems()
+        workeroutput: dict[str, Any] = getattr(self.config, "workeroutput", {})
+        workeroutput[xdist.KEY] = output
+
+    def _check_unused(self) -> None:
+        cs = self.session
+        if cs is None:
+            return
+        r, t = cs.restore_stats, cs.torch_stats
+        c = t.counters
+        hits = c.get("fxgraph_cache_hit", 0) + c.get("autograd_cache_hit", 0)
+        misses = c.get("fxgraph_cache_miss", 0) + c.get("autograd_cache_miss", 0)
+        if r.objects_used and t.compiled and hits == 0 and misses > 0:
+            cs.problem(
+                f"restored {r.objects_used} object(s) but torch hit none of them ({misses} misses). Likely causes: "
+                "an Inductor or Dynamo setting that differs from the run that stored them (TORCHINDUCTOR_* / "
+                "TORCH_* environment, config patches, OMP_NUM_THREADS), changed model code, or tests that "
+                "compile other graphs than the run that stored them"
+            )
+
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.report is None or (not self.active and not self.settings.enabled):
             return
         terminalreporter.write_sep("-", "megacache")
-        for line in reportmod.terminal_lines(self.report, config.get_verbosity()):
+        for line in reportmod.terminal_lines(self.report, config.get_verbosity(), durations=self.settings.durations):
             terminalreporter.write_line(line)
         if self.settings.strict and self.warned:
             terminalreporter.write_line(f"megacache strict: {len(self.warned)} cache problem(s) fail this session",
@@ -171,3 +392,4 @@ class MegacachePlugin:
     def close(self) -> None:
         if self.adapter is not None:
             self.adapter.uninstall()
+

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MODES = ("readwrite", "read", "write", "off")
+CHOICES = {"compile_threads": ("auto", "keep")}
 
 
 class SettingsError(ValueError):
@@ -21,7 +22,7 @@ class Option:
     flag: str  # --megacache-...
     env: str
     ini: str
-    kind: str  # "str", "bool", "mode", "float", "int"
+    kind: str  # "str", "bool", "mode", "choice", "float", "int" (> 0), "count" (>= 0)
     default: Any
     help: str
 
@@ -47,6 +48,18 @@ OPTIONS: tuple[Option, ...] = (
            "Seconds a compile waits for the restore before going on cold (default: 120)."),
     Option("compact_after", "--megacache-compact-after", "MEGACACHE_COMPACT_AFTER", "megacache_compact_after", "int", 8,
            "Merge a fingerprint's objects into one once it has more than this many (default: 8)."),
+    Option("scope", "--megacache-scope", "MEGACACHE_SCOPE", "megacache_scope", "str", None,
+           "Cache scope written to (default: the branch from GITHUB_REF or git); reads fall back to the "
+           "default branch's scope."),
+    Option("default_scope", "--megacache-default-scope", "MEGACACHE_DEFAULT_SCOPE", "megacache_default_scope", "str",
+           None, "The scope every run may read (default: the repository's default branch, else main)."),
+    Option("durations", "--megacache-durations", "MEGACACHE_DURATIONS", "megacache_durations", "count", 0,
+           "List the N tests with the most uncached compile time (like --durations)."),
+    Option("compile_threads", "--megacache-compile-threads", "MEGACACHE_COMPILE_THREADS", "megacache_compile_threads",
+           "choice", "auto", "auto (default): one Inductor compile thread when the restored cache is expected to "
+                             "cover the session, sparing its worker pool; keep: torch's default."),
+    Option("precompile", "--megacache-precompile", "MEGACACHE_PRECOMPILE", "megacache_precompile", "bool", False,
+           "Experimental: turn on torch's caching precompile (Dynamo) and carry its artifacts. Off by default."),
 )
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -65,6 +78,12 @@ class Settings:
     report: str | None = None
     timeout: float = 120.0
     compact_after: int = 8
+    scope: str | None = None
+    default_scope: str | None = None
+    durations: int = 0
+    compile_threads: str = "auto"
+    precompile: bool = False
+    explicit: frozenset[str] = frozenset()  # options set by the user (any source), not defaulted
 
     @property
     def enabled(self) -> bool:
@@ -102,6 +121,14 @@ def _convert(opt: Option, value: Any, source: str) -> Any:
         if text not in MODES:
             raise SettingsError(f"{where}: mode {text!r} is not one of {', '.join(MODES)}")
         return text
+    if opt.kind == "choice":
+        if text not in CHOICES[opt.name]:
+            raise SettingsError(f"{where}: {text!r} is not one of {', '.join(CHOICES[opt.name])}")
+        return text
+    if opt.kind == "count":
+        if not text.isdigit() or int(text) > 1_000_000:
+            raise SettingsError(f"{where}: {text!r} is not a whole number >= 0")
+        return int(text)
     if opt.kind in ("float", "int"):
         try:
             number = float(text) if opt.kind == "float" else int(text)
@@ -119,6 +146,8 @@ def _convert(opt: Option, value: Any, source: str) -> Any:
         text = text.strip("/")
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", text) or ".." in text:
             raise SettingsError(f"{where}: prefix {text!r} may hold only letters, digits, '_.-' and '/'")
+    if opt.name in ("scope", "default_scope") and not re.fullmatch(r"[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,99}", text):
+        raise SettingsError(f"{where}: scope {text!r} may hold only letters, digits and '_.+-' (at most 100)")
     if opt.name == "endpoint_url" and not re.match(r"https?://", text):
         raise SettingsError(f"{where}: {text!r} is not an http(s) URL")
     return text
@@ -137,7 +166,7 @@ def resolve(
                 continue
             values[opt.name] = _convert(opt, raw, source)
             break
-    settings = Settings(**values)
+    settings = Settings(**values, explicit=frozenset(values))
     if settings.bucket and settings.directory:
         raise SettingsError("set either a bucket (--megacache-bucket) or a directory (--megacache-dir), not both")
     return settings

@@ -23,7 +23,24 @@ from typing import Any
 COUNTER_NAMES = {
     "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),
     "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass", "autograd_cache_guard_miss"),
+    "dynamo_cache": ("dynamo_cache_hit", "dynamo_cache_miss"),
 }
+# Counters that mean "this test compiled something the cache did not have".
+MISS_COUNTERS = ("fxgraph_cache_miss", "autograd_cache_miss")
+
+
+@dataclass
+class CompileRecord:
+    """What one test compiled: seconds in Dynamo/Inductor, frames, counter deltas, artifacts it recorded."""
+
+    seconds: float = 0.0
+    compiles: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    artifacts: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def misses(self) -> int:
+        return sum(self.counters.get(name, 0) for name in MISS_COUNTERS)
 
 
 class _NotifyingLoader(importlib.abc.Loader):
@@ -89,6 +106,8 @@ class TorchAdapter:
         self.compiles = 0
         self.compile_seconds = 0.0
         self._started: float | None = None
+        self.per_test: dict[str, CompileRecord] = {}
+        self._test: tuple[str, float, int, dict[str, int], int] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
     def install(self) -> None:
@@ -137,6 +156,83 @@ class TorchAdapter:
         if self._started is not None:
             self.compile_seconds += time.perf_counter() - self._started
             self._started = None
+
+    # --- per-test attribution --------------------------------------------------------------------
+    def begin_test(self, nodeid: str) -> None:
+        self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen()))
+
+    def end_test(self) -> None:
+        if self._test is None:
+            return
+        nodeid, seconds, compiles, counters, seen = self._test
+        self._test = None
+        if self.compiles == compiles and not self.first_compile_seen:
+            return
+        after = self.counters()
+        delta = {k: v - counters.get(k, 0) for k, v in after.items() if v != counters.get(k, 0)}
+        if self.compiles == compiles and not delta:
+            return
+        record = self.per_test.setdefault(nodeid, CompileRecord())
+        record.seconds += self.compile_seconds - seconds
+        record.compiles += self.compiles - compiles
+        for k, v in delta.items():
+            record.counters[k] = record.counters.get(k, 0) + v
+        record.artifacts.extend(self._seen()[seen:])
+
+    @staticmethod
+    def _seen() -> list[tuple[str, str]]:
+        """(type, key) of every artifact torch recorded so far (private API; empty if it moved)."""
+        cache = sys.modules.get("torch.compiler._cache")
+        manager = getattr(cache, "CacheArtifactManager", None)
+        seen = getattr(manager, "_seen_artifacts", None)
+        if seen is None:
+            return []
+        out = []
+        try:
+            for artifact in list(seen):
+                out.append((str(artifact.type()), str(artifact.key)))
+        except Exception:  # noqa: BLE001 - attribution is best effort
+            return []
+        return out
+
+    # --- knobs -----------------------------------------------------------------------------------
+    @staticmethod
+    def single_compile_thread(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+        """One Inductor compile thread (no subprocess pool) unless the user chose; True if we set it.
+
+        Called on the first compile, before Inductor warms its pool (``maybe_warm_pool`` runs when the
+        inductor backend is first called, after Dynamo's compile-start callbacks)."""
+        if "TORCHINDUCTOR_COMPILE_THREADS" in env:
+            return False
+        try:
+            import torch._inductor.config as inductor_config
+        except Exception:  # noqa: BLE001
+            return False
+        inductor_config.compile_threads = 1
+        return True
+
+    @staticmethod
+    def set_job_id(job_id: str, env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+        """A stable TORCH_COMPILE_JOB_ID so torch records and reuses dynamic-shape profiles (pgo)."""
+        if env.get("TORCH_COMPILE_JOB_ID") or env.get("TORCH_COMPILE_STICKY_PGO_KEY"):
+            return False
+        env["TORCH_COMPILE_JOB_ID"] = job_id
+        config = sys.modules.get("torch.compiler.config")
+        if config is not None and getattr(config, "job_id", None) is None:
+            config.job_id = job_id  # type: ignore[attr-defined]
+        return True
+
+    @staticmethod
+    def enable_precompile() -> str | None:
+        """Turn on torch's experimental caching precompile; None when done, else why not."""
+        try:
+            import torch._dynamo.config as dynamo_config
+        except Exception as exc:  # noqa: BLE001
+            return f"torch._dynamo.config did not import: {exc}"
+        if not hasattr(dynamo_config, "caching_precompile"):
+            return "this torch has no caching_precompile"
+        dynamo_config.caching_precompile = True
+        return None
 
     # --- torch's cache API -----------------------------------------------------------------------
     @staticmethod

@@ -77,6 +77,7 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
 
 @pytest.fixture(autouse=True)
 def _clean_megacache_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hermetic: no settings, scope or fork detection leaking in from the machine (or from GitHub Actions).
     for key in list(os.environ):
-        if key.startswith("MEGACACHE_"):
+        if key.startswith(("MEGACACHE_", "GITHUB_", "TORCH_COMPILE_JOB_ID")):
             monkeypatch.delenv(key)

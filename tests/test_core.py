@@ -13,9 +13,10 @@ import pytest
 
 from pytest_megacache import bundle as bundlemod
 from pytest_megacache import torchfmt
-from pytest_megacache.core import CacheSession
+from pytest_megacache.core import CacheSession, nearest_fingerprint
 from pytest_megacache.files import FileRoot
 from pytest_megacache.stores import LocalDirStore, MemoryStore, Store
+from pytest_megacache.torch_adapter import CompileRecord
 
 FP = "torch-2.13.0/cpu-avx2-t2/py3.11-linux-x86_64/0123456789ab"
 FOLDER = f"pytest-megacache/{FP}"
@@ -29,6 +30,8 @@ class FakeTorch:
         self.loaded: list[list[tuple[str, str, bytes]]] = []
         self.compiles = len(keys)
         self.compile_seconds = 0.5 * len(keys)
+        self.per_test = {"test_all": CompileRecord(self.compile_seconds, len(keys), self.counters(),
+                                                 [("inductor", k) for k in keys])} if keys else {}
 
     def save(self) -> bytes | None:
         if not self.keys:
@@ -49,10 +52,13 @@ class FakeTorch:
         return LoadResult(True, {"inductor": len(parsed)})
 
 
-def session(store: Store, tmp_path: Path, name: str, compact_after: int = 8, mode: str = "readwrite") -> CacheSession:
+def session(store: Store, tmp_path: Path, name: str, compact_after: int = 8, mode: str = "readwrite",
+            scope: str | None = None, meta: dict[str, Any] | None = None) -> CacheSession:
     return CacheSession(
         store_factory=lambda: store,
-        folder=FOLDER,
+        folder=f"pytest-megacache/{scope}/{FP}" if scope else FOLDER,
+        read_folders=[f"pytest-megacache/{scope}/{FP}", f"pytest-megacache/main/{FP}"] if scope else None,
+        meta=meta,
         fingerprint=FP,
         roots=[FileRoot("inductor", tmp_path / name / "inductor")],
         reads=mode in ("readwrite", "read"),
@@ -194,3 +200,75 @@ def test_restore_thread_reports_problems_once(tmp_path: Path, background: bool) 
     assert s.wait_restore(5)
     assert s.new_problems() == [f"refused {FOLDER}/20260101T000000-1-aaaaaa.mcb: not a pytest-megacache bundle (bad magic)"]
     assert s.new_problems() == []
+
+
+def folder_of(scope: str) -> str:
+    return f"pytest-megacache/{scope}/{FP}"
+
+
+def test_a_branch_reads_main_and_writes_only_its_own_scope(tmp_path: Path) -> None:
+    store = MemoryStore()
+    run(store, tmp_path, "main", [KEY_A, KEY_B], scope="main")
+    feature, torch = run(store, tmp_path, "feature", [KEY_A, KEY_B, KEY_C], scope="feature+x")
+    assert torch.loaded and {k for _t, k, _c in torch.loaded[0]} == {KEY_A, KEY_B}  # main's cache, read
+    assert feature.restore_stats.folders == {folder_of("main"): 1}
+    assert len(store.list(folder_of("main"))) == 1  # main untouched
+    [own] = store.list(folder_of("feature+x"))
+    blob = store.get(folder_of("feature+x"), own.name, 1 << 20)
+    assert blob is not None
+    assert [e.name for e in bundlemod.decode(blob)[1]] == [KEY_C]  # only what main lacks
+    # main never reads a branch's scope.
+    main_again, torch_main = run(store, tmp_path, "main2", [], scope="main")
+    assert {k for _t, k, _c in torch_main.loaded[0]} == {KEY_A, KEY_B}
+
+
+def test_compaction_in_a_branch_scope_never_swallows_main(tmp_path: Path) -> None:
+    store = MemoryStore()
+    run(store, tmp_path, "main", [KEY_A], scope="main")
+    run(store, tmp_path, "f1", [KEY_B], scope="f", compact_after=1)
+    run(store, tmp_path, "f2", [KEY_C], scope="f", compact_after=1)  # compacts f's objects only
+    assert len(store.list(folder_of("main"))) == 1
+    [only] = store.list(folder_of("f"))
+    blob = store.get(folder_of("f"), only.name, 1 << 20)
+    assert blob is not None
+    assert sorted(e.name for e in bundlemod.decode(blob)[1]) == [KEY_B, KEY_C]
+
+
+def test_cold_seconds_are_recorded_and_warm_hits_count_as_saved(tmp_path: Path) -> None:
+    store = MemoryStore()
+    cold, _ = run(store, tmp_path, "cold", [KEY_A, KEY_B])
+    [obj] = store.list(FOLDER)
+    blob = store.get(FOLDER, obj.name, 1 << 20)
+    assert blob is not None
+    header = bundlemod.decode(blob)[0]
+    assert header.extra["cold_seconds"] == {f"inductor:{KEY_A}": 0.5, f"inductor:{KEY_B}": 0.5}
+    assert cold.torch_stats.seconds_saved == 0
+    warm, _ = run(store, tmp_path, "warm", [KEY_A, KEY_B])  # records both again, as torch does on a hit
+    assert warm.torch_stats.seconds_saved == 1.0
+    assert warm.torch_stats.per_test["test_all"]["seconds_saved"] == 1.0
+    assert warm.torch_stats.layers["inductor"] == {"restored": 2, "used": 2}
+
+
+def test_full_coverage_is_expected_only_for_the_same_selection(tmp_path: Path) -> None:
+    store = MemoryStore()
+    run(store, tmp_path, "cold", [KEY_A], meta={"selection": "s1"})
+    warm = session(store, tmp_path, "warm")
+    warm.start_restore(background=False)
+    assert warm.expects_full_coverage("s1")
+    assert not warm.expects_full_coverage("s2")
+    assert not warm.expects_full_coverage(None)
+
+
+def test_nearest_fingerprint_names_what_differs(tmp_path: Path) -> None:
+    store = MemoryStore()
+    other = "torch-2.12.0/cpu-avx2-t2/py3.11-linux-x86_64/aaaaaaaaaaaa"
+    parts_there = {"torch": "2.12.0", "threads": 2, "python": "3.11"}
+    blob = bundlemod.encode(bundlemod.Entries([bundlemod.Entry("torch/inductor", KEY_A, b"x")]), other,
+                            extra={"producer": {"fingerprint_parts": parts_there}})
+    store.put(f"pytest-megacache/main/{other}", "20260101T000000-1-abcdef.mcb", blob)
+    store.put("pytest-megacache/junk", "20260101T000000-1-abcdef.mcb", b"not even a bundle")
+    why = nearest_fingerprint(store, "pytest-megacache", ["main"], FP, {"torch": "2.13.0", "threads": 2,
+                                                                       "python": "3.11"})
+    assert why is not None and other in why and "torch '2.12.0' here '2.13.0'" in why and "threads" not in why
+    assert nearest_fingerprint(MemoryStore(), "pytest-megacache", ["main"], FP, {}) == \
+        "nothing is stored under this prefix yet"

@@ -63,7 +63,7 @@ def test_cli_beats_env_beats_ini(pytester: pytest.Pytester, monkeypatch: pytest.
     assert settings["mode"] == "readwrite"  # CLI
     assert settings["prefix"] == "env-prefix"  # env over ini
     assert settings["directory"] == "from-ini"  # ini over default
-    result.stdout.fnmatch_lines(["megacache: dir:from-ini/env-prefix [[]readwrite[]] torch-*"])
+    result.stdout.fnmatch_lines(["megacache: dir:from-ini/env-prefix [[]readwrite[]] scope main torch-*"])
 
 
 def test_p_no_megacache_removes_the_plugin(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,8 +89,8 @@ def test_report_schema_and_step_summary(pytester: pytest.Pytester, monkeypatch: 
                                            str(report))
     assert result.ret == 0
     doc = json.loads(report.read_text())
-    assert doc["schema"] == "pytest-megacache/report" and doc["version"] == 1
-    assert set(doc) >= {"enabled", "reason", "settings", "fingerprint", "restore", "load", "torch", "upload", "problems"}
+    assert doc["schema"] == "pytest-megacache/report" and doc["version"] == 2
+    assert set(doc) >= {"enabled", "reason", "settings", "fingerprint", "restore", "load", "torch", "upload", "problems", "scope", "notes"}
     assert doc["fingerprint"]["key"].startswith("torch-")
     assert doc["restore"]["attempted"] is True and doc["restore"]["ok"] is True
     assert doc["upload"]["reason"] == "nothing was compiled"
@@ -157,7 +157,7 @@ def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
     store = pytester.path / "store"
     key = compute().key
-    folder = store.joinpath("pytest-megacache", *key.split("/"))
+    folder = store.joinpath("pytest-megacache", "main", *key.split("/"))
     folder.mkdir(parents=True)
     blob = bundlemod.encode(Entries([Entry("file/inductor", "ab/cabc.so", b"\x7fELF-kernel", 0o755)]), key)
     (folder / "20260101T000000-1-abcdef.mcb").write_bytes(blob)

@@ -43,13 +43,17 @@ def test_defaults_when_nothing_is_set() -> None:
         ("compact_after", "3", "4", "5", 8),
         ("directory", "/cli", "/env", "/ini", None),
         ("report", "cli.json", "env.json", "ini.json", None),
+        ("scope", "cli-branch", "env+branch", "ini_branch", None),
+        ("default_scope", "trunk", "main", "master", None),
+        ("durations", "0", "5", "10", 0),
+        ("compile_threads", "keep", "auto", "keep", "auto"),
     ],
 )
 def test_precedence_cli_env_ini_default(name: str, cli_value: str, env_value: str, ini_value: str,
                                         default: Any) -> None:
     opt = next(o for o in OPTIONS if o.name == name)
     cli, env, ini = {name: cli_value}, {opt.env: env_value}, {opt.ini: ini_value}
-    kind = {"timeout": float, "compact_after": int}.get(name, str)
+    kind = {"timeout": float, "compact_after": int, "durations": int}.get(name, str)
 
     assert getattr(settings(cli=cli, env=env, ini=ini), name) == kind(cli_value)
     assert getattr(settings(env=env, ini=ini), name) == kind(env_value)
@@ -187,10 +191,28 @@ def test_modes_are_the_documented_ones() -> None:
 def test_every_settings_field_has_an_option_and_vice_versa() -> None:
     fields = {f.name: f for f in dataclasses.fields(Settings)}
     options = {o.name: o for o in OPTIONS}
-    assert set(fields) == set(options)
+    assert set(fields) - {"explicit"} == set(options)
     for name, opt in options.items():
         assert fields[name].default == opt.default, name
         assert opt.flag.startswith("--megacache-"), opt.flag
         assert opt.env.startswith("MEGACACHE_") and opt.ini.startswith("megacache_")
     assert len({o.flag for o in OPTIONS}) == len({o.env for o in OPTIONS}) == len({o.ini for o in OPTIONS}) \
         == len(OPTIONS)
+
+
+@pytest.mark.parametrize("value", ["..", ".hidden", "a/b", "x" * 101, "sp ace"])
+def test_unsafe_scope_is_refused(value: str) -> None:
+    with pytest.raises(SettingsError, match="scope"):
+        settings(cli={"scope": value})
+
+
+@pytest.mark.parametrize(("name", "value"), [("durations", "-1"), ("durations", "x"), ("compile_threads", "many")])
+def test_bad_choice_or_count(name: str, value: str) -> None:
+    with pytest.raises(SettingsError):
+        settings(cli={name: value})
+
+
+def test_explicit_records_what_the_user_set() -> None:
+    s = settings(env={"MEGACACHE_MODE": "readwrite"}, ini={"megacache_prefix": "p"})
+    assert s.explicit == {"mode", "prefix"}
+    assert settings().explicit == frozenset()

@@ -1,0 +1,122 @@
+"""pytest-xdist: the controller fetches once, workers load from what it staged, the controller uploads once.
+
+- The controller restores from the store as a plain session would, then *stages* the merged, validated
+  entries as one object in a private directory and writes a ``ready.json`` marker.
+- Each worker reads that object through :class:`StagedStore` (waiting for the marker, bounded by the
+  timeout), restores files into its *own* cache directories (shared Inductor/Triton directories race:
+  pytorch/pytorch#153791) and loads the torch artifacts on its first compile.
+- At its end a worker hands what it compiled that was not restored to the controller through
+  ``workeroutput``: a path and a digest when it shares the controller's host, the bytes otherwise (as
+  pytest-cov does for ``--tx`` workers). The controller merges all of it and uploads once.
+- A worker that crashes hands nothing: only its own new artifacts are lost, and the summary says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import bundle as bundlemod
+from .bundle import Entries
+from .errors import BundleError, StoreError
+from .stores import LocalDirStore, ObjectInfo, new_object_name
+
+STAGE_FOLDER = "staged"
+OUT_FOLDER = "out"
+READY = "ready.json"
+KEY = "megacache"  # in workerinput and workeroutput
+
+
+class StagedStore(LocalDirStore):
+    """The controller's staging directory, read by a worker once the controller has written it."""
+
+    def __init__(self, root: str | os.PathLike[str], timeout: float) -> None:
+        super().__init__(root)
+        self.label = f"controller:{root}"
+        self.timeout = timeout
+
+    def list(self, folder: str) -> list[ObjectInfo]:
+        marker = self.root / READY
+        deadline = time.monotonic() + self.timeout
+        while not marker.exists():
+            if time.monotonic() > deadline:
+                raise StoreError(f"the xdist controller did not stage the cache within {self.timeout:g} s",
+                                 "unreachable")
+            time.sleep(0.05)
+        try:
+            ready = json.loads(marker.read_text())
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"unreadable {marker}: {exc}", "io") from exc
+        if not ready.get("ok"):
+            return []  # the controller's own restore failed; it reports why
+        return super().list(folder)
+
+
+def make_stage_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="pytest-megacache-xdist-"))
+
+
+def stage(stage_dir: Path, entries: Entries, fingerprint: str, ok: bool) -> bytes | None:
+    """Write what the controller restored for its workers; return the object (for remote workers)."""
+    blob = bundlemod.encode(entries, fingerprint) if entries else None
+    if blob is not None:
+        LocalDirStore(stage_dir).put(STAGE_FOLDER, new_object_name(), blob)
+    tmp = stage_dir / f".{READY}.tmp"
+    tmp.write_text(json.dumps({"ok": ok, "entries": len(entries)}))
+    os.replace(tmp, stage_dir / READY)
+    return blob
+
+
+def unpack_remote_stage(blob: bytes | None) -> Path:
+    """On a worker that does not share the controller's disk: a local stage holding the object sent."""
+    stage_dir = make_stage_dir()
+    if blob:
+        LocalDirStore(stage_dir).put(STAGE_FOLDER, new_object_name(), blob)
+    (stage_dir / READY).write_text(json.dumps({"ok": True}))
+    return stage_dir
+
+
+def same_host(workerinput: dict[str, Any]) -> bool:
+    info = workerinput.get(KEY) or {}
+    stage_dir = info.get("stage")
+    return bool(stage_dir) and info.get("host") == socket.gethostname() and Path(str(stage_dir)).is_dir()
+
+
+def hand_over(stage_dir: Path | None, worker_id: str, entries: Entries, fingerprint: str) -> dict[str, Any]:
+    """A worker's new entries as a workeroutput value: a path + digest when possible, else the bytes."""
+    if not entries:
+        return {"object": None}
+    blob = bundlemod.encode(entries, fingerprint)
+    digest = hashlib.sha256(blob).hexdigest()
+    if stage_dir is not None:
+        out = stage_dir / OUT_FOLDER
+        out.mkdir(exist_ok=True)
+        target = out / f"{worker_id}-{os.getpid()}.mcb"
+        tmp = target.with_suffix(".tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, target)
+        return {"object": str(target), "sha256": digest}
+    return {"object": None, "data": blob, "sha256": digest}
+
+
+def take_over(output: dict[str, Any], fingerprint: str) -> Entries:
+    """The controller's side of :func:`hand_over`. Raises BundleError or OSError."""
+    if output.get("data") is not None:
+        blob = bytes(output["data"])
+    elif output.get("object"):
+        blob = Path(str(output["object"])).read_bytes()
+    else:
+        return Entries()
+    if hashlib.sha256(blob).hexdigest() != output.get("sha256"):
+        raise BundleError("worker's object does not match its digest")
+    return bundlemod.decode(blob, fingerprint)[1]
+
+
+def worker_dir(base: str, worker_id: str) -> str:
+    return f"{base.rstrip(os.sep)}-{worker_id}"
