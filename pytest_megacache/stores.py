@@ -34,6 +34,9 @@ class ObjectInfo:
     modified: float  # POSIX seconds
 
 
+Walk = list[tuple[str, ObjectInfo]]  # (folder, object) pairs; an alias because stores define list()
+
+
 def new_object_name() -> str:
     """A unique, time-sortable object name."""
     return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{secrets.token_hex(6)}{OBJECT_SUFFIX}"
@@ -63,7 +66,7 @@ class Store(Protocol):
 
     def delete(self, folder: str, name: str) -> None: ...
 
-    def walk(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+    def walk(self, prefix: str) -> Walk:
         """Every object below ``prefix`` at any depth, as (folder, info); invalid names are skipped."""
         ...
 
@@ -112,7 +115,7 @@ class MemoryStore:
         with self._lock:
             self.objects.pop((validate_folder(folder), name), None)
 
-    def walk(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+    def walk(self, prefix: str) -> Walk:
         prefix = validate_folder(prefix)
         with self._lock:
             items = list(self.objects.items())
@@ -199,10 +202,10 @@ class LocalDirStore:
         except OSError as exc:
             raise StoreError(f"cannot delete {name}: {exc.strerror or exc}", "io") from exc
 
-    def walk(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+    def walk(self, prefix: str) -> Walk:
         prefix = validate_folder(prefix)
         base = self._dir(prefix)
-        out = []
+        out: Walk = []
         try:
             for dirpath, dirnames, filenames in os.walk(base, onerror=None, followlinks=False):
                 rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
@@ -313,7 +316,7 @@ class S3Store:
     def delete(self, folder: str, name: str) -> None:
         self._call("delete", self.client.delete_object, Key=self._key(folder, name))
 
-    def walk(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+    def walk(self, prefix: str) -> Walk:
         prefix = validate_folder(prefix)
         out = []
         token = None
