@@ -421,3 +421,34 @@ def test_entry_name_not_utf8() -> None:
     bad = b"\x0dfile/inductor" + b"\x00\x02\xff\xfe" + (0o644).to_bytes(4, "big") + (0).to_bytes(8, "big")
     with pytest.raises(BundleError, match="entry name is not UTF-8"):
         bundle.decode(build(raw_payload(bad)))
+
+
+# --- limits and the streaming decompression ----------------------------------------------------------
+
+
+def test_default_limits() -> None:
+    assert bundle.DEFAULT_LIMITS.max_object_bytes == 512 << 20
+    assert bundle.DEFAULT_LIMITS.max_raw_bytes == 2 << 30
+
+
+def test_payload_larger_than_one_read_chunk_without_a_frame_size() -> None:
+    data = hashlib.sha256(b"seed").digest() * ((3 * bundle.DECOMPRESS_CHUNK) // 32 + 7)
+    raw = raw_payload(raw_entry("file/inductor", "big.so", data))
+    payload = zstandard.ZstdCompressor(write_content_size=False).compress(raw)
+    assert len(raw) > 3 * bundle.DECOMPRESS_CHUNK
+    _, decoded = bundle.decode(build(raw, payload=payload))
+    assert [e.data for e in decoded] == [data]
+
+
+def test_payload_of_several_frames_is_bounded_by_the_declared_size() -> None:
+    raw = raw_payload(raw_entry("file/inductor", "a.so", b"x" * 100))
+    one = zstandard.ZstdCompressor(write_content_size=False).compress(raw)
+    with pytest.raises(BundleError, match=f"expands past its declared raw size of {len(raw)} bytes"):
+        bundle.decode(build(raw, payload=one + one))
+
+
+def test_payload_with_trailing_bytes_after_the_frame() -> None:
+    raw = raw_payload(raw_entry("file/inductor", "a.so", b"x"))
+    payload = zstandard.ZstdCompressor().compress(raw) + b"junk"
+    with pytest.raises(BundleError, match="payload does not decompress"):
+        bundle.decode(build(raw, payload=payload))
