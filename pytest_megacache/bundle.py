@@ -37,6 +37,7 @@ import zstandard
 
 from . import torchfmt
 from .errors import BundleError
+from .keys import MIN_KEY_CHARS, SIGNING_KEY_ENV, parse_signing_keys  # noqa: F401 - re-exported
 
 MAGIC = b"PMCB"
 FORMAT_VERSION = 1
@@ -51,8 +52,6 @@ MAX_WINDOW_BYTES = 1 << 27
 
 SIG_ALG = "hmac-sha256"
 SIG_DOMAIN = b"pytest-megacache/v1\0"
-MIN_KEY_CHARS = 16
-SIGNING_KEY_ENV = "MEGACACHE_SIGNING_KEY"
 # Header fields the format defines; ``extra`` may not use these names.
 RESERVED_HEADER_FIELDS = frozenset(
     {"format", "fingerprint", "payload_size", "raw_size", "payload_sha256", "entries", "created", "sig"}
@@ -283,25 +282,6 @@ def signature_input(unsigned_header: Mapping[str, object], payload_digest: bytes
 
 def _mac(key: bytes, unsigned_header: Mapping[str, object], payload_digest: bytes) -> str:
     return hmac.new(key, signature_input(unsigned_header, payload_digest), hashlib.sha256).hexdigest()
-
-
-def parse_signing_keys(text: str | None) -> list[bytes]:
-    """Keys from ``MEGACACHE_SIGNING_KEY``: separated by commas or whitespace; the first one signs.
-
-    Every key verifies (so a rotation lists the new key first and the old one after it until old objects are
-    gone). Each key must be at least 16 characters; a key is the UTF-8 bytes of its text. Error messages name a
-    key by its position only, never by its text.
-    """
-    if text is None:
-        return []
-    keys: list[bytes] = []
-    for i, part in enumerate((p for p in re.split(r"[\s,]+", text) if p), start=1):
-        if len(part) < MIN_KEY_CHARS:
-            raise ValueError(f"{SIGNING_KEY_ENV}: key {i} is shorter than {MIN_KEY_CHARS} characters")
-        key = part.encode("utf-8")
-        if key not in keys:
-            keys.append(key)
-    return keys
 
 
 def encode(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 from . import bundle as bundlemod
-from .errors import BundleError, StoreError
+from .errors import BundleError, StoreError, redact
 from .fingerprint import TorchUnavailable, compute
 from .report import human_bytes
 from .settings import OPTIONS, Settings, SettingsError, resolve
@@ -39,7 +39,6 @@ _SEGMENT = re.compile(r"[A-Za-z0-9_.+\-]{1,200}")
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?b?|b)?", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
-_URL_USERINFO = re.compile(r"(\w+://)[^/\s@]+@")
 
 
 class UsageProblem(Exception):
@@ -51,7 +50,7 @@ class UsageProblem(Exception):
 
 def _say_error(message: str) -> None:
     """One line on stderr, never a traceback; credentials in a URL are masked."""
-    line = " ".join(_URL_USERINFO.sub(r"\1***@", message).split())
+    line = " ".join(redact(message).split())
     print(f"{PROG}: {line}", file=sys.stderr)
 
 

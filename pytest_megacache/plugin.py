@@ -6,24 +6,30 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import sys
+import threading
 import time
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import ci_env, xdist
+from . import ci_env
 from . import report as reportmod
-from .bundle import Entries, parse_signing_keys
-from .core import CacheSession, nearest_fingerprint
-from .errors import BundleError, MegacacheWarning
-from .files import FileRoot, inductor_cache_dir, triton_cache_dir, triton_installed
+from .errors import BundleError, MegacacheWarning, redact
 from .fingerprint import Fingerprint, TorchUnavailable, compute
 from .settings import OPTIONS, Settings, SettingsError, resolve
-from .stores import from_settings
-from .torch_adapter import TorchAdapter, disable_precompiled_headers
+from .torch_adapter import PostImportHook, TorchAdapter, disable_precompiled_headers
+
+if TYPE_CHECKING:
+    from .bundle import Entries
+    from .core import CacheSession
+    from .files import FileRoot
+
+# The cache machinery (core, bundle, stores, xdist: zstandard, boto3, thread pools) is imported only once
+# a session imports torch: a session that never does pays for settings and a fingerprint, nothing more.
 
 PLUGIN_NAME = "megacache-session"
 megacache_key = pytest.StashKey["MegacachePlugin"]()
@@ -88,9 +94,12 @@ class MegacachePlugin:
         self.stage_dir: Path | None = None
         self.selection: str | None = None
         self.worker_outputs: list[dict[str, Any]] = []
-        self.worker_entries = Entries()
+        self.worker_entries: Entries | None = None
         self.lost_workers: list[str] = []
         self.single_thread = False
+        self._meta: dict[str, object] = {}
+        self._start_lock = threading.Lock()
+        self._torch_hook: PostImportHook | None = None
         if settings.mode == "off":
             self.reason = "mode off"
         elif not settings.enabled:
@@ -100,11 +109,15 @@ class MegacachePlugin:
 
     def _activate(self) -> None:
         config, settings = self.config, self.settings
+        from .keys import parse_signing_keys
+
         try:
             self.signing_keys = parse_signing_keys(os.environ.get("MEGACACHE_SIGNING_KEY"))
         except ValueError as exc:
             self._inactive(f"MEGACACHE_SIGNING_KEY is unusable: {exc}")
             return
+        # Before the fingerprint, which covers TORCHINDUCTOR_* settings: xdist workers inherit the variable.
+        self.pch_disabled = disable_precompiled_headers()
         try:
             self.fingerprint = compute()
         except TorchUnavailable as exc:
@@ -118,7 +131,6 @@ class MegacachePlugin:
             self.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
         if self.role == "worker":
             self._worker_dirs()
-        self.pch_disabled = disable_precompiled_headers()
         job = hashlib.sha256(f"{settings.prefix}\0{self.fingerprint.key}\0{config.rootpath.name}".encode())
         TorchAdapter.set_job_id(f"megacache-{job.hexdigest()[:16]}")
         if settings.precompile:
@@ -137,6 +149,9 @@ class MegacachePlugin:
     def _worker_dirs(self) -> None:
         """Each xdist worker compiles into its own directories unless the user chose them (then they are
         shared, and Inductor/Triton directories shared between processes can race: see the README)."""
+        from . import xdist
+        from .files import inductor_cache_dir, triton_cache_dir
+
         for var, base in (("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir()), ("TRITON_CACHE_DIR", triton_cache_dir())):
             if not os.environ.get(var):
                 os.environ[var] = xdist.worker_dir(str(base), self.worker_id)
@@ -146,6 +161,7 @@ class MegacachePlugin:
         return self.reason is None
 
     def _warn(self, message: str) -> None:
+        message = redact(message)
         self.warned.append(message)
         warnings.warn(MegacacheWarning(message), stacklevel=2)
 
@@ -154,6 +170,8 @@ class MegacachePlugin:
         return f"{self.settings.prefix}/{scope}/{self.fingerprint.key}"
 
     def _roots(self) -> list[FileRoot]:
+        from .files import FileRoot, inductor_cache_dir, triton_cache_dir, triton_installed
+
         if not self.settings.files:
             return []
         roots = [FileRoot("inductor", inductor_cache_dir())]
@@ -172,9 +190,35 @@ class MegacachePlugin:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if not self.active or self.fingerprint is None:
             return
-        settings = self.settings
         if self.role == "solo" and self.config.pluginmanager.getplugin("dsession") is not None:
             self.role = "controller"
+        self.adapter = TorchAdapter(self._on_first_compile)
+        # Strict runs restore up front so a problem stops the session before any test runs; an xdist
+        # controller stages for its workers at once. Otherwise the restore starts, in the background, when
+        # the session imports torch (or, failing that, on the first compile).
+        if self.settings.strict or self.role == "controller" or "torch" in sys.modules:
+            self._start_cache()
+        else:
+            self._torch_hook = PostImportHook("torch", lambda _module: self._start_cache())
+            sys.meta_path.insert(0, self._torch_hook)
+        self.adapter.install()
+
+    def _start_cache(self) -> None:
+        with self._start_lock:
+            if self.session is not None or self.fingerprint is None:
+                return
+            self._build_session(self.fingerprint)
+        assert self.session is not None
+        self.session.start_restore(background=not self.settings.strict)
+        if self.settings.strict and self.session.problems:
+            raise pytest.UsageError("pytest-megacache (strict): " + "; ".join(self.session.new_problems()))
+
+    def _build_session(self, fingerprint: Fingerprint) -> None:
+        from . import xdist
+        from .core import CacheSession
+        from .stores import from_settings
+
+        settings = self.settings
         store_factory = lambda: from_settings(settings)  # noqa: E731
         folders = [self._folder(self.scope), self._folder(self.default_scope)]
         roots = self._roots()
@@ -189,13 +233,13 @@ class MegacachePlugin:
             store_factory=store_factory,
             folder=folders[0],
             read_folders=folders,
-            fingerprint=self.fingerprint.key,
+            fingerprint=fingerprint.key,
             roots=roots,
             reads=settings.reads,
             writes=settings.writes and self.role != "worker",
             compact_after=settings.compact_after,
             signing_keys=self.signing_keys if self.role != "worker" else (),
-            meta={"scope": self.scope, "fingerprint_parts": self.fingerprint.parts},
+            meta={"scope": self.scope, "fingerprint_parts": fingerprint.parts, **self._meta},
         )
         if self.role == "worker":
             self.session.restore_stats.source = "controller"
@@ -203,18 +247,16 @@ class MegacachePlugin:
             self.session.diagnose = self._diagnose
         if self.role == "controller":
             self.session.after_restore = self._stage
-        self.adapter = TorchAdapter(self._on_first_compile)
-        # Strict runs restore up front so a problem stops the session before any test runs.
-        self.session.start_restore(background=not settings.strict)
-        if settings.strict and self.session.problems:
-            raise pytest.UsageError("pytest-megacache (strict): " + "; ".join(self.session.new_problems()))
-        self.adapter.install()
 
     def _stage(self, session: CacheSession) -> None:
+        from . import xdist
+
         if self.stage_dir is not None:
             xdist.stage(self.stage_dir, session.restored, session.fingerprint, session.restore_stats.ok)
 
     def _worker_stage(self) -> Path:
+        from . import xdist
+
         workerinput: dict[str, Any] = getattr(self.config, "workerinput", {})
         if xdist.same_host(workerinput):
             self.stage_dir = Path(workerinput[xdist.KEY]["stage"])
@@ -223,11 +265,14 @@ class MegacachePlugin:
         return xdist.unpack_remote_stage(info.get("blob"))
 
     def _diagnose(self, session: CacheSession) -> str | None:
+        from .core import nearest_fingerprint
+
         assert self.fingerprint is not None
         return nearest_fingerprint(session.store(), self.settings.prefix, [self.scope, self.default_scope],
                                    self.fingerprint.key, self.fingerprint.parts)
 
     def _on_first_compile(self) -> None:
+        self._start_cache()
         session, adapter = self.session, self.adapter
         if session is None or adapter is None:
             return
@@ -238,6 +283,8 @@ class MegacachePlugin:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         """xdist controller: tell each worker where the staged restore is (or send it, for remote ones)."""
+        from . import xdist
+
         if self.session is None or self.stage_dir is None:
             return
         info: dict[str, Any] = {"stage": str(self.stage_dir), "host": socket.gethostname()}
@@ -251,8 +298,13 @@ class MegacachePlugin:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """xdist controller: take over what a worker compiled."""
+        from . import xdist
+        from .bundle import Entries
+
         if self.session is None or self.fingerprint is None:
             return
+        if self.worker_entries is None:
+            self.worker_entries = Entries()
         worker = str(getattr(node, "gateway", None) and node.gateway.id)
         output = getattr(node, "workeroutput", {}).get(xdist.KEY)
         if output is None:
@@ -271,10 +323,12 @@ class MegacachePlugin:
             self.selection = output.get("selection")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if self.session is not None and session.items:
+        if self.active and session.items:
             digest = hashlib.sha256("\n".join(sorted(item.nodeid for item in session.items)).encode())
             self.selection = digest.hexdigest()[:32]
-            self.session.meta.update(selection=self.selection, tests=len(session.items))
+            self._meta.update(selection=self.selection, tests=len(session.items))
+            if self.session is not None:
+                self.session.meta.update(self._meta)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
@@ -301,8 +355,14 @@ class MegacachePlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         stats = None
-        if self.session is not None and self.adapter is not None:
+        if self._torch_hook is not None:
+            self._torch_hook.remove()
+        if self.adapter is not None:
             self.adapter.uninstall()
+        if self.session is None and self.active and self.role == "worker":
+            workeroutput: dict[str, Any] = getattr(self.config, "workeroutput", {})
+            workeroutput["megacache"] = {"idle": True, "problems": []}  # never imported torch
+        if self.session is not None and self.adapter is not None:
             if self.role == "worker":
                 self._finish_worker()
             else:
@@ -319,6 +379,8 @@ class MegacachePlugin:
             return
         settings = asdict(self.settings)
         settings["store"] = self.settings.store_label()
+        if settings["endpoint_url"]:
+            settings["endpoint_url"] = redact(settings["endpoint_url"])
         settings["explicit"] = sorted(self.settings.explicit)
         settings["signing"] = bool(self.signing_keys)
         self.report = reportmod.build(
@@ -347,6 +409,8 @@ class MegacachePlugin:
 
     def _finish_worker(self) -> None:
         """Account, then hand what this worker compiled (and the controller lacks) to the controller."""
+        from . import xdist
+
         assert self.session is not None and self.adapter is not None and self.fingerprint is not None
         cs = self.session
         cs.wait_restore(self.settings.timeout)
@@ -390,6 +454,8 @@ class MegacachePlugin:
                                         red=True)
 
     def close(self) -> None:
+        if self._torch_hook is not None:
+            self._torch_hook.remove()
         if self.adapter is not None:
             self.adapter.uninstall()
 

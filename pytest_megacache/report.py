@@ -30,6 +30,7 @@ def build(*, enabled: bool, reason: str | None, settings: dict[str, Any], finger
         "settings": settings,
         "fingerprint": fingerprint,
         "scope": scope,
+        "idle": enabled and stats is None,  # the session never imported torch: nothing restored or uploaded
         "session_seconds": round(session_seconds, 3),
         **(stats or {}),
         "notes": list(notes or []),
@@ -72,6 +73,10 @@ def terminal_lines(report: dict[str, Any], verbose: int = 0, durations: int = 0)
     scope = report.get("scope") or {}
     lines = [f"fingerprint {fp.get('key')}",
              f"store {report['settings']['store']} (mode {report['settings']['mode']}, scope {scope.get('write')})"]
+    if "restore" not in report:
+        lines.append("idle: the session never imported torch, so nothing was restored or uploaded")
+        lines.extend(report.get("notes", []))
+        return lines
     r, ld, t, up = report["restore"], report["load"], report["torch"], report["upload"]
     if r["attempted"]:
         status = "" if r["ok"] else " (failed)"

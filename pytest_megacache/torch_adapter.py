@@ -66,7 +66,7 @@ class _NotifyingLoader(importlib.abc.Loader):
         return getattr(self.inner, name)
 
 
-class _PostImportHook(importlib.abc.MetaPathFinder):
+class PostImportHook(importlib.abc.MetaPathFinder):
     def __init__(self, fullname: str, after: Callable[[ModuleType], None]) -> None:
         self.fullname = fullname
         self.after = after
@@ -100,7 +100,7 @@ class LoadResult:
 class TorchAdapter:
     def __init__(self, on_first_compile: Callable[[], None]) -> None:
         self._on_first_compile = on_first_compile
-        self._hook: _PostImportHook | None = None
+        self._hook: PostImportHook | None = None
         self._lock = threading.Lock()
         self.first_compile_seen = False
         self.compiles = 0
@@ -115,7 +115,7 @@ class TorchAdapter:
         if "torch._dynamo" in sys.modules:
             self._register(sys.modules["torch._dynamo"])
         elif self._hook is None:
-            self._hook = _PostImportHook("torch._dynamo", self._register)
+            self._hook = PostImportHook("torch._dynamo", self._register)
             sys.meta_path.insert(0, self._hook)
 
     def ensure_registered(self) -> None:

@@ -42,6 +42,8 @@ COUNTERS_CONFTEST = textwrap.dedent(
         out = os.environ.get("TEST_COUNTERS_OUT")
         if not out:
             return
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            out += "." + os.environ["PYTEST_XDIST_WORKER"]
         doc = {"modules": {m: m in sys.modules for m in ("torch", "torch._dynamo", "torch._inductor")}}
         if "torch._dynamo.utils" in sys.modules:
             from torch._dynamo.utils import counters
@@ -91,14 +93,15 @@ class TorchProject:
         pytester.makepyfile(test_compiled=tests)
         pytester.makeconftest(COUNTERS_CONFTEST)
 
-    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> Run:
+    def run(self, *args: str, env: dict[str, str | None] | None = None, timeout: float = 600) -> Run:
+        """Run pytest; ``env`` values of None unset that variable for the run."""
         self.runs += 1
         root = self.pytester.path / f"run{self.runs}"
         for sub in ("inductor", "triton", "tmp"):
             (root / sub).mkdir(parents=True)
         counters_path = root / "counters.json"
         report_path = root / "report.json"
-        run_env = {
+        run_env: dict[str, str | None] = {
             **self.env,
             "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
             "TRITON_CACHE_DIR": str(root / "triton"),
@@ -109,7 +112,11 @@ class TorchProject:
             **(env or {}),
         }
         old = {k: os.environ.get(k) for k in run_env}
-        os.environ.update(run_env)
+        for k, v in run_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         try:
             result = self.pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W",
                                                         "ignore::DeprecationWarning", *args, timeout=timeout)
@@ -120,5 +127,10 @@ class TorchProject:
                 else:
                     os.environ[k] = v
         counters = json.loads(counters_path.read_text()) if counters_path.exists() else {}
+        for worker_file in sorted(root.glob("counters.json.gw*")):  # xdist workers: torch's counters summed
+            worker = json.loads(worker_file.read_text())
+            for group in ("inductor", "aot_autograd"):
+                for name, value in worker.get(group, {}).items():
+                    counters.setdefault(group, {})[name] = counters.get(group, {}).get(name, 0) + value
         report = json.loads(report_path.read_text()) if report_path.exists() else None
         return Run(result, counters, report, root)

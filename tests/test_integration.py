@@ -31,7 +31,7 @@ def objects(s3: S3Server, bucket: str) -> list[str]:
 
 def fingerprint_folder(run: Run) -> str:
     assert run.report is not None
-    return f"{PREFIX}/{run.report['fingerprint']['key']}"
+    return f"{PREFIX}/main/{run.report['fingerprint']['key']}"
 
 
 def assert_all_hit(run: Run, graphs: int) -> None:

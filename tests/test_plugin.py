@@ -12,6 +12,8 @@ import pytest
 from .conftest import S3Server, free_port
 
 PLAIN_TEST = "def test_ok():\n    assert True\n"
+# A session that imports torch starts the restore (without compiling anything).
+TORCH_TEST = "import torch\n\ndef test_ok():\n    assert torch.ones(1).sum() == 1\n"
 
 
 def test_help_lists_the_option_group(pytester: pytest.Pytester) -> None:
@@ -76,7 +78,7 @@ def test_p_no_megacache_removes_the_plugin(pytester: pytest.Pytester, monkeypatc
     assert not any(line.startswith("megacache") or "megacache-0" in line for line in result.outlines)
     assert not report.exists()
     with_plugin = pytester.runpytest_subprocess()
-    with_plugin.stdout.fnmatch_lines(["megacache: dir:*", "*- megacache -*", "torch: nothing was compiled"])
+    with_plugin.stdout.fnmatch_lines(["megacache: dir:*", "*- megacache -*", "idle: *"])
     assert report.exists()
 
 
@@ -84,7 +86,7 @@ def test_report_schema_and_step_summary(pytester: pytest.Pytester, monkeypatch: 
     summary = pytester.path / "summary.md"
     report = pytester.path / "r.json"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    pytester.makepyfile(PLAIN_TEST)
+    pytester.makepyfile(TORCH_TEST)
     result = pytester.runpytest_subprocess("--megacache-dir", str(pytester.path / "store"), "--megacache-report",
                                            str(report))
     assert result.ret == 0
@@ -100,7 +102,7 @@ def test_report_schema_and_step_summary(pytester: pytest.Pytester, monkeypatch: 
 def test_unwritable_directory_store_fails_open(pytester: pytest.Pytester) -> None:
     blocker = pytester.path / "not-a-dir"
     blocker.write_text("a file where the store directory should be")
-    pytester.makepyfile(PLAIN_TEST)
+    pytester.makepyfile(TORCH_TEST)
     report = pytester.path / "r.json"
     result = pytester.runpytest_subprocess("--megacache-dir", str(blocker / "store"), "--megacache-report", str(report))
     assert result.ret == 0
@@ -112,7 +114,7 @@ def test_dead_endpoint_costs_seconds_not_minutes(pytester: pytest.Pytester, s3_s
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
-    pytester.makepyfile(PLAIN_TEST)
+    pytester.makepyfile(TORCH_TEST)
     start = time.monotonic()
     result = pytester.runpytest_subprocess("--megacache-bucket", "some-bucket", "--megacache-endpoint-url",
                                            f"http://127.0.0.1:{free_port()}")
@@ -163,6 +165,8 @@ def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest
     (folder / "20260101T000000-1-abcdef.mcb").write_bytes(blob)
     pytester.makepyfile(textwrap.dedent(
         """
+        import torch
+
         def test_ok():
             assert True
         """
@@ -173,3 +177,50 @@ def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest
     kernel = Path(inductor, "ab", "cabc.so")
     assert kernel.read_bytes() == b"\x7fELF-kernel"
     assert kernel.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_session_that_never_imports_torch_restores_nothing(pytester: pytest.Pytester) -> None:
+    """Zero cost when idle: no restore, no upload, none of the cache machinery imported."""
+    pytester.makeconftest(textwrap.dedent(
+        """
+        import json, os, sys
+
+        def pytest_unconfigure(config):
+            mods = ("pytest_megacache.core", "pytest_megacache.bundle", "zstandard", "boto3", "torch")
+            with open(os.environ["MODS_OUT"], "w") as fh:
+                json.dump({m: m in sys.modules for m in mods}, fh)
+        """
+    ))
+    pytester.makepyfile(PLAIN_TEST)
+    mods, report = pytester.path / "mods.json", pytester.path / "r.json"
+    store = pytester.path / "store"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODS_OUT", str(mods))
+        result = pytester.runpytest_subprocess("--megacache-dir", str(store), "--megacache-report", str(report))
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["idle: the session never imported torch*"])
+    assert json.loads(mods.read_text()) == dict.fromkeys(
+        ("pytest_megacache.core", "pytest_megacache.bundle", "zstandard", "boto3", "torch"), False)
+    doc = json.loads(report.read_text())
+    assert doc["idle"] is True and "restore" not in doc
+    assert not store.exists()
+
+
+def test_credentials_never_reach_warnings_or_the_report(pytester: pytest.Pytester, s3_server: S3Server,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2-secret-access-key")
+    monkeypatch.setenv("MEGACACHE_SIGNING_KEY", "a-signing-key-of-32-characters!!")
+    pytester.makepyfile(TORCH_TEST)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "--megacache-bucket", "some-bucket", "--megacache-report", str(report),
+        "--megacache-endpoint-url", f"http://userpart:pass-in-url@127.0.0.1:{free_port()}")
+    assert result.ret == 0
+    warnings = [line for line in result.outlines if "MegacacheWarning" in line]
+    assert len(warnings) == 1, result.outlines  # the unreachable endpoint was reported...
+    everything = "\n".join(result.outlines + result.errlines) + report.read_text()
+    for secret in ("pass-in-url", "userpart", "hunter2-secret-access-key", "a-signing-key-of-32-characters!!"):
+        assert secret not in everything  # ...without any credential in it
+    assert "***@127.0.0.1" in report.read_text()

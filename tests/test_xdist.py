@@ -1,0 +1,152 @@
+"""pytest-xdist and concurrent sessions, with real torch.compile and a real S3 server (moto, over HTTP).
+
+- ``-n 2``: the controller fetches once, workers compile into their own directories, one merged upload;
+  a warm ``-n 2`` run on fresh directories hits everything and downloads one object once.
+- a crashed worker loses only its own new artifacts, and the summary says so;
+- K = 4 sessions started at once against one bucket, each compiling something else: a warm session that
+  runs all of them misses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import S3Server
+from .helpers_torch import TorchProject
+
+pytest.importorskip("torch")
+pytest.importorskip("xdist")
+pytestmark = pytest.mark.torch
+
+
+def compiled_tests(names: list[str]) -> str:
+    """One test per name, each compiling a distinct tiny graph (the constant is baked into the graph)."""
+    out = ["import torch", ""]
+    for i, name in enumerate(names):
+        out.append(textwrap.dedent(f"""
+            def test_{name}():
+                fn = torch.compile(lambda x: torch.sin(x) * {i + 2} + {i})
+                assert torch.allclose(fn(torch.zeros(4)), torch.full((4,), {float(i)}))
+            """))
+    return "\n".join(out)
+
+
+FOUR = ["a", "b", "c", "d"]
+
+
+@pytest.fixture
+def bucket_env(s3_server: S3Server) -> dict[str, str]:
+    return {**s3_server.env(), "MEGACACHE_BUCKET": s3_server.new_bucket()}
+
+
+def mcb(s3: S3Server, bucket: str) -> list[str]:
+    return [k for k in s3.keys(bucket) if k.endswith(".mcb")]
+
+
+def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytester, s3_server: S3Server,
+                                                         bucket_env: dict[str, str]) -> None:
+    project = TorchProject(pytester, env=bucket_env, tests=compiled_tests(FOUR))
+    per_worker: dict[str, str | None] = {"TORCHINDUCTOR_CACHE_DIR": None}  # the default: under TMPDIR
+    cold = project.run("-n", "2", env=per_worker)
+    cold.result.assert_outcomes(passed=4)
+    assert cold.fx_misses == 4, cold.counters
+    assert cold.report is not None
+    assert cold.report["xdist"] == {"role": "controller", "workers": 2, "lost": []}
+    assert cold.report["upload"]["objects"] == 1  # one merged upload by the controller
+    assert cold.report["torch"]["counters"]["fxgraph_cache_miss"] == 4  # the workers' counters, summed
+    assert cold.report["upload"]["new_entries"]["torch/inductor"] == 4
+    # Each worker compiled into its own Inductor directory, never the shared default one.
+    dirs = sorted(p.name.rsplit("-", 1)[-1] for p in (cold.root / "tmp").glob("torchinductor_*-gw*"))
+    assert dirs == ["gw0", "gw1"], list((cold.root / "tmp").iterdir())
+    assert not list((cold.root / "tmp").glob("torchinductor_*[!0-9]"))
+    [stored] = mcb(s3_server, bucket_env["MEGACACHE_BUCKET"])
+
+    warm = project.run("-n", "2", env=per_worker)
+    warm.result.assert_outcomes(passed=4)
+    assert warm.fx_misses == 0 and warm.fx_hits == 4, warm.counters
+    assert warm.report is not None
+    size = s3_server.client().head_object(Bucket=bucket_env["MEGACACHE_BUCKET"], Key=stored)["ContentLength"]
+    assert warm.report["restore"]["bytes_fetched"] == size  # the controller fetched the one object once
+    assert warm.report["upload"]["reason"] == "nothing new"
+    assert mcb(s3_server, bucket_env["MEGACACHE_BUCKET"]) == [stored]
+
+
+CRASHING = compiled_tests(["a", "c"]) + textwrap.dedent("""
+    import os
+    import pytest
+
+    @pytest.mark.xdist_group("doomed")
+    def test_b_crashes():
+        fn = torch.compile(lambda x: torch.cos(x) * 7)
+        assert fn(torch.zeros(2)).sum() == 14
+        os._exit(3)  # the worker dies before it can hand anything over
+    """).replace("def test_a", "@pytest.mark.xdist_group('safe')\ndef test_a").replace(
+    "def test_c", "@pytest.mark.xdist_group('safe')\ndef test_c")
+
+
+def test_a_crashed_worker_loses_only_its_own_artifacts(pytester: pytest.Pytester, s3_server: S3Server,
+                                                       bucket_env: dict[str, str]) -> None:
+    project = TorchProject(pytester, env=bucket_env, tests="import pytest\n" + CRASHING)
+    cold = project.run("-n", "2", "--dist", "loadgroup", "--max-worker-restart", "0")
+    cold.result.assert_outcomes(passed=2, failed=1)
+    assert cold.report is not None
+    assert len(cold.report["xdist"]["lost"]) == 1, cold.report["xdist"]
+    cold.result.stdout.fnmatch_lines(["*xdist worker gw* ended without handing over*only its new artifacts are lost*"])
+    # Which tests the doomed worker ran before it died is up to the scheduler. What the surviving worker
+    # compiled (its own counters file; the dead one wrote none) is exactly what was uploaded.
+    survived = cold.fx_misses
+    assert survived >= 1
+    assert cold.report["upload"]["objects"] == 1
+    assert cold.report["upload"]["new_entries"]["torch/inductor"] == survived
+
+    warm = project.run("-n", "2", "--dist", "loadgroup", "-k", "not crashes")
+    warm.result.assert_outcomes(passed=2)
+    assert warm.fx_hits == survived and warm.fx_misses == 2 - survived, warm.counters
+
+
+def test_n0_runs_without_a_controller(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=compiled_tests(["a"]))
+    run = project.run("-n", "0")
+    run.result.assert_outcomes(passed=1)
+    assert run.report is not None
+    assert run.report["xdist"]["role"] == "solo" and run.report["upload"]["objects"] == 1
+
+
+def test_four_sessions_at_once_then_a_warm_one_hits_everything(tmp_path: Path, s3_server: S3Server,
+                                                               bucket_env: dict[str, str]) -> None:
+    """K = 4 CI jobs with one fingerprint start together, each compiling something else: nothing is lost."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "test_k.py").write_text(compiled_tests(FOUR))
+
+    def env_for(name: str) -> dict[str, str]:
+        root = tmp_path / name
+        for sub in ("inductor", "tmp"):
+            (root / sub).mkdir(parents=True)
+        return {**{k: v for k, v in os.environ.items() if not k.startswith(("MEGACACHE_", "PYTEST_"))},
+                **bucket_env, "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TMPDIR": str(root / "tmp"),
+                "MEGACACHE_REPORT": str(root / "report.json")}
+
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"]
+    procs = [subprocess.Popen([*base, "-k", f"test_{name}"], cwd=project, env=env_for(f"job-{name}"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in FOUR]
+    deadline = time.monotonic() + 600
+    for proc in procs:
+        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        assert proc.returncode == 0, out[-3000:]
+    assert len(mcb(s3_server, bucket_env["MEGACACHE_BUCKET"])) == 4  # four immutable objects, none overwritten
+
+    warm = subprocess.run(base, cwd=project, env=env_for("warm"), capture_output=True, text=True, timeout=600)
+    assert warm.returncode == 0, warm.stdout[-3000:]
+    report = json.loads((tmp_path / "warm" / "report.json").read_text())
+    counters = report["torch"]["counters"]
+    assert counters["fxgraph_cache_miss"] == 0 and counters["fxgraph_cache_hit"] == 4, counters
+    assert report["restore"]["objects_used"] == 4
