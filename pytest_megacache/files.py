@@ -24,6 +24,9 @@ from .errors import BundleError
 EXCLUDED_TOP = frozenset({"fxgraph", "aotautograd", "dynamo", "locks", "precompiled_headers", "triton"})
 _EXCLUDED_NAME = re.compile(r"(^\.|^tmp|\.lock$|\.tmp|~$)")
 MAX_FILE_BYTES = 256 << 20
+# In TRITON_CACHE_DIR, Inductor's own kernels (named triton_<kind>_...) travel inside FX-graph entries
+# already; only the rest (user @triton.jit kernels, Triton's compiled launcher/driver modules) is carried.
+_INDUCTOR_KERNEL = re.compile(r"^(__grp__)?triton_(poi|red|per|tem|for|spl|mm|bmm|sca|unk|helper)_")
 
 
 def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:
@@ -92,8 +95,11 @@ class FileRoot:
         """Entries for the files added since ``before``; also the paths skipped and why."""
         entries = Entries()
         skipped: list[str] = []
-        for rel in sorted(self.snapshot() - before):
-            if not self._carried(rel):
+        new = sorted(self.snapshot() - before)
+        inductor_dirs = {rel.split("/", 1)[0] for rel in new
+                         if self.name == "triton" and "/" in rel and _INDUCTOR_KERNEL.match(rel.rsplit("/", 1)[1])}
+        for rel in new:
+            if not self._carried(rel) or rel.split("/", 1)[0] in inductor_dirs:
                 continue
             try:
                 validate_file_path(rel)

@@ -227,3 +227,23 @@ def test_inductor_cache_dir_without_a_user_name(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(getpass, "getuser", no_user)
     assert inductor_cache_dir({}).name == f"torchinductor_uid_{os.getuid()}"
+
+
+def test_triton_root_leaves_inductor_kernels_to_fx_entries(tmp_path: Path) -> None:
+    from pytest_megacache.files import FileRoot
+
+    root = FileRoot("triton", tmp_path)
+    user = tmp_path / "AAAAUSERHASH"
+    user.mkdir()
+    (user / "fused_bias_gelu.cubin").write_bytes(b"cubin")
+    (user / "__grp__fused_bias_gelu.json").write_text("{}")
+    inductor = tmp_path / "BBBBINDUCTORHASH"
+    inductor.mkdir()
+    (inductor / "triton_poi_fused_add_0.cubin").write_bytes(b"cubin")
+    (inductor / "__grp__triton_poi_fused_add_0.json").write_text("{}")
+    entries, skipped = root.collect(set())
+    assert sorted(e.name for e in entries) == ["AAAAUSERHASH/__grp__fused_bias_gelu.json",
+                                               "AAAAUSERHASH/fused_bias_gelu.cubin"]
+    assert skipped == []
+    # The inductor root keeps its own rules: a triton_* name there is an ordinary file.
+    assert len(FileRoot("inductor", tmp_path).collect(set())[0]) == 4

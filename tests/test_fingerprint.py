@@ -74,8 +74,15 @@ def test_compile_settings_change_the_digest(var: str) -> None:
     base = compute()
     changed = compute({var: "1"})
     assert changed.digest != base.digest
-    assert changed.parts["env"] == {var: "1"}
+    assert changed.parts["env"] == {var: "1", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
     assert compute({var: "0"}).digest not in (base.digest, changed.digest)
+
+
+def test_the_plugins_header_default_is_keyed_as_if_set() -> None:
+    """The plugin sets TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0 unless the user did: same key either way,
+    and a user who turns the header on gets another key (the kernels' compile command differs)."""
+    assert compute({}).key == compute({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}).key
+    assert compute({}).key != compute({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1"}).key
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With TRITON_EVENTS_OUT set, log every Triton compile (kernel name, cache hit or not, seconds): the
+    proof that a restored TRITON_CACHE_DIR spares user kernels their compile. Needs Triton's listener knob."""
+    out = os.environ.get("TRITON_EVENTS_OUT")
+    if not out:
+        return
+    try:
+        import triton.knobs
+    except ImportError:
+        return
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):  # noqa: ANN001 - Triton's signature
+        with open(out, "a") as fh:
+            fh.write(json.dumps({"name": metadata.get("name"), "cache_hit": cache_hit,
+                                 "seconds": getattr(times, "total_us", 0) / 1e6 if times else None}) + "\n")
+
+    triton.knobs.compilation.listener = listener
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
