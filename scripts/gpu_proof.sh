@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU proof on a machine with CUDA torch + triton and no internet: wheels for boto3, moto and zstandard
+# travel in .whl/ (pip download --python-version 3.12 --only-binary=:all: ...). Writes under $OUT.
+set -u
+OUT=${OUT:-/tmp/gpu-proof}
+mkdir -p "$OUT" /tmp/site
+python -m pip install -q --no-index --find-links .whl --target /tmp/site "moto[server]" boto3 zstandard 2>&1 | tail -2
+export PYTHONPATH=/tmp/site:$PWD
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+# 1. The user @triton.jit kernel: cold, then warm on fresh dirs restored from a directory store.
+T=$(mktemp -d)
+kernel_run() {
+  local d=$T/$1
+  mkdir -p "$d/inductor" "$d/triton" "$d/tmp"
+  (cd example_project && TORCHINDUCTOR_CACHE_DIR=$d/inductor TRITON_CACHE_DIR=$d/triton TMPDIR=$d/tmp \
+     TRITON_EVENTS_OUT=$d/events.jsonl MEGACACHE_REPORT=$d/report.json \
+     python -m pytest -q -p pytest_megacache.plugin -p no:cacheprovider --megacache-dir "$T/store" \
+       -m gpu tests/test_kernels.py 2>&1 | tail -8)
+  echo "--- triton compile events ($1):"; cat "$d/events.jsonl" 2>/dev/null
+  cp "$d/report.json" "$OUT/kernel-$1-report.json" 2>/dev/null
+}
+kernel_run cold
+kernel_run warm
+
+# 2. example_project's GPU suite: cold / warm (S3) / hot / naive side by side.
+python benchmarks/run.py --device cuda --workload example --repeats 1 --no-idle --out "$OUT/bench-example" \
+  --objects-repeats 1 2>&1 | tail -60
