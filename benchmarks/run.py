@@ -225,6 +225,7 @@ class Run:
     restore_seconds: float | None = None
     objects_used: int | None = None
     compile_threads: str | None = None
+    single_thread: bool | None = None  # whether the plugin chose one compile thread (auto policy engaged)
     problems: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     log: str | None = None
@@ -318,6 +319,7 @@ def _fill_from_report(r: Run, doc: dict[str, Any]) -> None:
     r.restore_seconds = _get(doc, "restore", "seconds")
     r.objects_used = _get(doc, "restore", "objects_used")
     r.compile_threads = _get(doc, "settings", "compile_threads")
+    r.single_thread = _get(doc, "torch", "single_compile_thread")
     r.problems = list(doc.get("problems") or [])
 
 

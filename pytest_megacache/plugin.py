@@ -123,6 +123,7 @@ class MegacachePlugin:
         except TorchUnavailable as exc:
             self._inactive(str(exc))
             return
+        self._check_rootdir()
         root = str(config.rootpath)
         scope, _source = ci_env.current_scope(os.environ, root)
         self.default_scope = settings.default_scope or ci_env.default_scope(os.environ, root)
@@ -138,6 +139,20 @@ class MegacachePlugin:
             if why_not:
                 self.warned.append(f"--megacache-precompile ignored: {why_not}")
                 config.issue_config_time_warning(MegacacheWarning(self.warned[-1]), stacklevel=2)
+
+    def _check_rootdir(self) -> None:
+        """``pytest --megacache-dir /outside/the/project`` (a space, no test paths): pytest picks its rootdir
+        before plugins' options are known, takes the value for a test path, and misses the project's ini."""
+        cli_dir = self.config.getoption("megacache_directory", None)
+        if not cli_dir:
+            return
+        store, root = Path(cli_dir).absolute(), self.config.rootpath
+        invoked = self.config.invocation_params.dir
+        if self.config.inipath is None and store.is_relative_to(root) and not store.is_relative_to(invoked):
+            message = (f"pytest took the --megacache-dir value for a test path (rootdir {root}), so the project's "
+                       f"ini file was not read; write --megacache-dir={cli_dir} or set MEGACACHE_DIR")
+            self.warned.append(message)
+            self.config.issue_config_time_warning(MegacacheWarning(message), stacklevel=2)
 
     def _inactive(self, reason: str) -> None:
         self.reason = reason

@@ -15,8 +15,8 @@ kernel_run() {
   local d=$T/$1
   mkdir -p "$d/inductor" "$d/triton" "$d/tmp"
   (cd example_project && TORCHINDUCTOR_CACHE_DIR=$d/inductor TRITON_CACHE_DIR=$d/triton TMPDIR=$d/tmp \
-     TRITON_EVENTS_OUT=$d/events.jsonl MEGACACHE_REPORT=$d/report.json \
-     python -m pytest -q -p pytest_megacache.plugin -p no:cacheprovider --megacache-dir "$T/store" \
+     EXAMPLE_TRITON_EVENTS=$d/events.jsonl MEGACACHE_REPORT=$d/report.json \
+     python -m pytest -q -p pytest_megacache.plugin -p no:cacheprovider --megacache-dir="$T/store" \
        -m gpu tests/test_kernels.py 2>&1 | tail -8)
   echo "--- triton compile events ($1):"; cat "$d/events.jsonl" 2>/dev/null
   cp "$d/report.json" "$OUT/kernel-$1-report.json" 2>/dev/null
@@ -24,6 +24,21 @@ kernel_run() {
 kernel_run cold
 kernel_run warm
 
-# 2. example_project's GPU suite: cold / warm (S3) / hot / naive side by side.
-python benchmarks/run.py --device cuda --workload example --repeats 1 --no-idle --out "$OUT/bench-example" \
-  --objects-repeats 1 2>&1 | tail -60
+# 2. Dynamo's caching precompile (opt-in): cold then warm with --megacache-precompile, vs a plain warm.
+pre_run() {
+  local d=$T/pre-$1
+  mkdir -p "$d/inductor" "$d/triton" "$d/tmp"
+  (cd example_project && TORCHINDUCTOR_CACHE_DIR=$d/inductor TRITON_CACHE_DIR=$d/triton TMPDIR=$d/tmp \
+     MEGACACHE_REPORT=$OUT/precompile-$1.json \
+     python -m pytest -q -p pytest_megacache.plugin -p no:cacheprovider --megacache-dir="$T/store-$2" $3 \
+       -m gpu -k "not autotune" 2>&1 | tail -6)
+}
+if [ "${SKIP_PRECOMPILE:-0}" != 1 ]; then
+  pre_run cold-on on --megacache-precompile; pre_run warm-on on --megacache-precompile
+  pre_run cold-off off --megacache-mode=readwrite; pre_run warm-off off --megacache-mode=readwrite
+fi
+
+# 3. Benchmarks: cold / warm (S3) / hot / naive side by side.
+[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
+python benchmarks/run.py --device cuda --workload ${WORKLOADS:-example} --n ${NS:-10} --repeats 1 --no-idle \
+  --out "$OUT/bench" --objects-repeats 1 2>&1 | tail -${TAIL:-60}

@@ -218,7 +218,7 @@ def test_a_branch_reads_main_and_writes_only_its_own_scope(tmp_path: Path) -> No
     assert blob is not None
     assert [e.name for e in bundlemod.decode(blob)[1]] == [KEY_C]  # only what main lacks
     # main never reads a branch's scope.
-    main_again, torch_main = run(store, tmp_path, "main2", [], scope="main")
+    _main_again, torch_main = run(store, tmp_path, "main2", [], scope="main")
     assert {k for _t, k, _c in torch_main.loaded[0]} == {KEY_A, KEY_B}
 
 

@@ -224,3 +224,18 @@ def test_credentials_never_reach_warnings_or_the_report(pytester: pytest.Pyteste
     for secret in ("pass-in-url", "userpart", "hunter2-secret-access-key", "a-signing-key-of-32-characters!!"):
         assert secret not in everything  # ...without any credential in it
     assert "***@127.0.0.1" in report.read_text()
+
+
+def test_a_store_path_taken_for_a_test_path_is_named(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """pytest reads `--megacache-dir /elsewhere` as a test path when deciding its rootdir (the option is not
+    known yet): the ini is missed. The plugin says so and how to write it; `=` works."""
+    pytester.makeini("[pytest]\nmegacache_prefix = from-ini\n")
+    pytester.makepyfile(PLAIN_TEST)
+    store = tmp_path / "elsewhere"
+    store.mkdir()
+    spaced = pytester.runpytest_subprocess("--megacache-dir", str(store))
+    spaced.stdout.fnmatch_lines(["*pytest took the --megacache-dir value for a test path*--megacache-dir=*"])
+    joined = pytester.runpytest_subprocess(f"--megacache-dir={store}")
+    assert joined.ret == 0
+    assert not any("test path" in line for line in joined.outlines)
+    joined.stdout.fnmatch_lines([f"megacache: dir:{store}/from-ini *"])

@@ -10,9 +10,10 @@ import torch
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With TRITON_EVENTS_OUT set, log every Triton compile (kernel name, cache hit or not, seconds): the
-    proof that a restored TRITON_CACHE_DIR spares user kernels their compile. Needs Triton's listener knob."""
-    out = os.environ.get("TRITON_EVENTS_OUT")
+    """With EXAMPLE_TRITON_EVENTS set, log every Triton compile (kernel name, cache hit or not): the proof
+    that a restored TRITON_CACHE_DIR spares user kernels their compile. Needs Triton's listener knob.
+    (Not a TRITON_* name: those variables are part of the cache fingerprint.)"""
+    out = os.environ.get("EXAMPLE_TRITON_EVENTS")
     if not out:
         return
     try:
