@@ -334,8 +334,10 @@ class MegacachePlugin:
         self.worker_outputs.append(output)
         for problem in output.get("problems", []):
             self.session.problem(f"[{worker}] {problem}")
-        if self.selection is None:
-            self.selection = output.get("selection")
+        if self.selection is None and output.get("selection"):
+            # Every worker collects the whole selection: the first one's digest is the session's.
+            self.selection = str(output["selection"])
+            self.session.meta.update(selection=self.selection)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.active and session.items:

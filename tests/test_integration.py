@@ -70,7 +70,8 @@ def test_cold_then_warm_over_s3_subset_never_shrinks(s3_project: tuple[TorchProj
     assert warm.report["restore"]["files_written"] > 0
     assert warm.report["load"]["ok"] is True
     assert warm.report["upload"]["objects"] == 0
-    warm.result.stdout.fnmatch_lines(["restored 1/1 objects*", "loaded into torch:*", "torch: FX graph 2 hit / 0 miss / 0 bypass*"])
+    warm.result.stdout.fnmatch_lines(["restored 1/1 objects*", "loaded into torch:*",
+                                      "torch: FX graph 2 hit / 0 miss / 0 bypass*"])
 
 
 def test_cold_then_warm_over_local_directory(pytester: pytest.Pytester) -> None:

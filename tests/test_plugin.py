@@ -92,7 +92,8 @@ def test_report_schema_and_step_summary(pytester: pytest.Pytester, monkeypatch: 
     assert result.ret == 0
     doc = json.loads(report.read_text())
     assert doc["schema"] == "pytest-megacache/report" and doc["version"] == 2
-    assert set(doc) >= {"enabled", "reason", "settings", "fingerprint", "restore", "load", "torch", "upload", "problems", "scope", "notes"}
+    assert set(doc) >= {"enabled", "reason", "settings", "fingerprint", "restore", "load", "torch", "upload",
+                        "problems", "scope", "notes", "idle"}
     assert doc["fingerprint"]["key"].startswith("torch-")
     assert doc["restore"]["attempted"] is True and doc["restore"]["ok"] is True
     assert doc["upload"]["reason"] == "nothing was compiled"

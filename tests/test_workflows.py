@@ -30,11 +30,10 @@ GPU_S3 = WORKFLOWS / "gpu-example.yml"
 GPU_ACTIONS_CACHE = WORKFLOWS / "gpu-example-actions-cache.yml"
 WORKFLOW_FILES = sorted(WORKFLOWS.glob("*.yml"))
 
-# Names the workflows and docs/ci.md use that are being added to the plugin right now (scopes and signed
-# bundles) and may not be in settings.OPTIONS yet. Keep this list short and explicit; everything else
-# must exist in OPTIONS.
-PENDING_FLAGS = frozenset({"--megacache-scope"})
-PENDING_ENV = frozenset({"MEGACACHE_SCOPE", "MEGACACHE_SIGNING_KEY"})
+# Names the workflows and docs/ci.md may use that are not settings.OPTIONS entries: the signing key is
+# read from the environment only (never a flag or an ini key). Everything else must exist in OPTIONS.
+PENDING_FLAGS: frozenset[str] = frozenset()
+PENDING_ENV = frozenset({"MEGACACHE_SIGNING_KEY"})
 
 FLAG_RE = re.compile(r"--megacache-[a-z0-9]+(?:-[a-z0-9]+)*")
 # MEGACACHE_* names, except repository variables and secrets (vars.MEGACACHE_ROLE_ARN is not the plugin's).

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_megacache import bundle as bundlemod
+
 from .conftest import S3Server
 from .helpers_torch import TorchProject
 
@@ -68,6 +70,9 @@ def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytest
     assert dirs == ["gw0", "gw1"], list((cold.root / "tmp").iterdir())
     assert not list((cold.root / "tmp").glob("torchinductor_*[!0-9]"))
     [stored] = mcb(s3_server, bucket_env["MEGACACHE_BUCKET"])
+    blob = s3_server.client().get_object(Bucket=bucket_env["MEGACACHE_BUCKET"], Key=stored)["Body"].read()
+    producer = bundlemod.decode_header(blob)[0].extra["producer"]
+    assert len(producer["selection"]) == 32  # from the workers' collection: lets a warm run spare the pool
 
     warm = project.run("-n", "2", env=per_worker)
     warm.result.assert_outcomes(passed=4)
