@@ -60,6 +60,8 @@ RESERVED_HEADER_FIELDS = frozenset(
 TORCH_PREFIX = "torch/"
 FILE_PREFIX = "file/"
 FILE_ROOTS = frozenset({"inductor", "triton"})
+# Artifacts that change under the same key (a dynamic-shape profile grows): the newest copy wins.
+MUTABLE_KINDS = frozenset({TORCH_PREFIX + "pgo"})
 
 _PATH_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254}")
 _MAX_PATH_PARTS = 16
@@ -126,6 +128,13 @@ class Entries:
     def update(self, items: Iterable[Entry]) -> int:
         return sum(self.add(e) for e in items)
 
+    def replace(self, entry: Entry) -> None:
+        """Put ``entry`` in, over any entry with the same ``(kind, name)``."""
+        self._items[entry.ident] = entry
+
+    def get(self, ident: tuple[str, str]) -> Entry | None:
+        return self._items.get(ident)
+
     def __contains__(self, ident: object) -> bool:
         return ident in self._items
 
@@ -161,8 +170,15 @@ class Entries:
 
 
 def entries_from_torch(container: bytes) -> Entries:
-    """Entries from a torch mega-cache container (as ``save_cache_artifacts`` returns), validated."""
-    return Entries(Entry(TORCH_PREFIX + t, k, c) for t, k, c in torchfmt.parse(container))
+    """Entries from a torch mega-cache container (as ``save_cache_artifacts`` returns), validated.
+
+    torch records an artifact again when it changes under the same key (a dynamic-shape profile, ``pgo``,
+    is rewritten once a second shape is seen): the last record is the current one."""
+    latest: dict[tuple[str, str], Entry] = {}
+    for t, k, c in torchfmt.parse(container):
+        entry = Entry(TORCH_PREFIX + t, k, c)
+        latest[entry.ident] = entry
+    return Entries(latest.values())
 
 
 def _encode_payload(entries: Entries) -> bytes:

@@ -255,18 +255,27 @@ class CacheSession:
         with ThreadPoolExecutor(max_workers=max(1, min(FETCH_WORKERS, len(listing)))) as pool:
             results = list(pool.map(lambda item: self._fetch(store, *item), listing))
         merged = Entries()
+        # Oldest first (by the time each object records), so that a newer mutable artifact wins below.
+        results.sort(key=lambda got: (got.header.created if got.header is not None else 0.0, got.info.name))
         for got in results:
             stats.bytes_fetched += got.size
             if got.entries is None or got.header is None:
                 stats.objects_rejected += got.size > 0
                 continue
             merged.update(got.entries)
+            for entry in got.entries:  # objects come oldest first: a newer profile replaces an older one
+                if entry.kind in bundlemod.MUTABLE_KINDS:
+                    merged.replace(entry)
             stats.objects_used += 1
             stats.folders[got.folder] = stats.folders.get(got.folder, 0) + 1
             self.restored_headers.append(got.header)
             if got.folder == self.folder:
                 self.restored_objects.append(got.info)
-                self.restored_own.update(got.entries)
+                for entry in got.entries:
+                    if entry.kind in bundlemod.MUTABLE_KINDS:
+                        self.restored_own.replace(entry)
+                    else:
+                        self.restored_own.add(entry)
         try:
             for root in self.roots:
                 written, present = root.restore(merged)
@@ -406,6 +415,11 @@ class CacheSession:
             session.update(worker_entries)
         up.session_entries = len(session)
         new = session.minus(self.restored)
+        for entry in session:  # a profile that changed under its key is new too
+            if entry.kind in bundlemod.MUTABLE_KINDS:
+                known = self.restored.get(entry.ident)
+                if known is not None and known.data != entry.data:
+                    new.add(entry)
         up.new_entries = new.counts()
         if not new:
             up.reason = "nothing new"
@@ -413,7 +427,8 @@ class CacheSession:
         up.attempted = True
         compact = len(self.restored_objects) + 1 > self.compact_after
         payload = Entries(self.restored_own) if compact else Entries()
-        payload.update(new)
+        for entry in new:
+            payload.replace(entry)  # new wins: only a changed profile can share an ident with what was restored
         blob = bundlemod.encode(payload, self.fingerprint, extra=self.upload_meta(payload),
                                 signing_key=self.signing_keys[0] if self.signing_keys else None)
         try:

@@ -39,7 +39,9 @@ Walk = list[tuple[str, ObjectInfo]]  # (folder, object) pairs; an alias because 
 
 def new_object_name() -> str:
     """A unique, time-sortable object name."""
-    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{secrets.token_hex(6)}{OBJECT_SUFFIX}"
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now % 1 * 1000):03d}"
+    return f"{stamp}-{os.getpid()}-{secrets.token_hex(6)}{OBJECT_SUFFIX}"
 
 
 def valid_object_name(name: str) -> bool:

@@ -127,7 +127,7 @@ def serialize(artifacts: Iterable[tuple[str, str, bytes]]) -> bytes:
     sections: dict[str, dict[str, bytes]] = {}
     for artifact_type, key, content in artifacts:
         validate_key(artifact_type, key)
-        sections.setdefault(artifact_type, {}).setdefault(key, content)
+        sections.setdefault(artifact_type, {})[key] = content  # torch semantics: the last record is current
     body = bytearray(ENCODING_VERSION.to_bytes(8, "big"))
     for artifact_type, items in sections.items():
         _put_blob(body, base64.b64encode(artifact_type.encode()))

@@ -272,3 +272,33 @@ def test_nearest_fingerprint_names_what_differs(tmp_path: Path) -> None:
     assert why is not None and other in why and "torch '2.12.0' here '2.13.0'" in why and "threads" not in why
     assert nearest_fingerprint(MemoryStore(), "pytest-megacache", ["main"], FP, {}) == \
         "nothing is stored under this prefix yet"
+
+
+def test_a_changed_dynamic_shape_profile_is_uploaded_and_the_newest_wins(tmp_path: Path) -> None:
+    """torch rewrites a pgo artifact under the same key when a second shape shows up."""
+    store = MemoryStore()
+
+    class ProfileTorch(FakeTorch):
+        def __init__(self, keys: list[str], profile: bytes) -> None:
+            super().__init__(keys)
+            self.profile = profile
+
+        def save(self) -> bytes | None:
+            graphs = [("inductor", k, f"graph {k}".encode()) for k in self.keys]
+            # torch records the profile twice when it changed: the first and the current version.
+            return torchfmt.serialize([*graphs, ("pgo", "job1", b"static"), ("pgo", "job1", self.profile)])
+
+    def go(name: str, profile: bytes) -> tuple[CacheSession, ProfileTorch]:
+        s = session(store, tmp_path, name)
+        torch = ProfileTorch([KEY_A], profile)
+        s.start_restore(background=False)
+        s.load_into_torch(5, loader=torch.load)
+        s.finish(torch, 5)  # type: ignore[arg-type]
+        return s, torch
+
+    go("one", b"dynamic-v1")
+    _, second = go("two", b"dynamic-v2")
+    assert (("pgo", "job1", b"dynamic-v1") in second.loaded[0])  # the current profile, not the first record
+    third_session, third = go("three", b"dynamic-v2")
+    assert ("pgo", "job1", b"dynamic-v2") in third.loaded[0]  # the newer object's profile replaced the older
+    assert third_session.upload_stats.reason == "nothing new"

@@ -227,7 +227,7 @@ def test_new_object_names_are_unique_and_valid() -> None:
     names = [stores.new_object_name() for _ in range(1000)]
     assert len(set(names)) == 1000
     assert all(stores.valid_object_name(n) for n in names)
-    assert all(re.fullmatch(rf"\d{{8}}T\d{{6}}-{os.getpid()}-[0-9a-f]{{12}}\.mcb", n) for n in names)
+    assert all(re.fullmatch(rf"\d{{8}}T\d{{9}}-{os.getpid()}-[0-9a-f]{{12}}\.mcb", n) for n in names)
 
 
 def test_new_object_names_are_accepted_by_every_store(store: Store) -> None:

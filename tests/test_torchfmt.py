@@ -95,9 +95,10 @@ def test_one_section_per_type_when_the_input_repeats_a_type() -> None:
                                     ("pgo", PGO_KEY, b"pgo")]
 
 
-def test_serialize_keeps_the_first_content_of_a_repeated_key() -> None:
+def test_serialize_keeps_the_last_content_of_a_repeated_key() -> None:
+    # As torch: an artifact recorded again under its key (a grown dynamic-shape profile) is the current one.
     data = torchfmt.serialize([("inductor", INDUCTOR_KEY, b"first"), ("inductor", INDUCTOR_KEY, b"second")])
-    assert torchfmt.parse(data) == [("inductor", INDUCTOR_KEY, b"first")]
+    assert torchfmt.parse(data) == [("inductor", INDUCTOR_KEY, b"second")]
 
 
 def test_parse_accepts_a_hand_built_container_with_two_sections_of_one_type() -> None:
