@@ -117,3 +117,21 @@ def test_a_fork_pull_request_restores_but_never_uploads(pytester: pytest.Pyteste
     explicit = project.run("--megacache-mode", "readwrite", env=fork_env)
     assert explicit.report is not None and explicit.report["upload"]["objects"] == 1
     assert sorted(p.relative_to(store).parts[1] for p in store.rglob("*.mcb")) == ["main", "pr-7"]
+
+
+def test_restored_but_unused_gives_a_warning_naming_likely_causes(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Objects were restored, torch compiled, and hit none of them: say so (caches restored and silently
+    unused are the most common complaint about compile caches)."""
+    from pytest_megacache.fingerprint import compute
+
+    store = tmp_path / "store"
+    key = compute().key
+    folder = store.joinpath("pytest-megacache", "main", *key.split("/"))
+    folder.mkdir(parents=True)
+    unrelated = Entries([Entry("torch/inductor", "f" + "q" * 51, b"an FX graph this project never builds")])
+    (folder / "20260101T000000000-1-abcdef.mcb").write_bytes(bundlemod.encode(unrelated, key))
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(store), "MEGACACHE_MODE": "read"})
+    run = project.run("-k", "test_f")
+    assert run.fx_misses == 1 and run.fx_hits == 0
+    assert run.report is not None and run.report["restore"]["objects_used"] == 1
+    run.result.stdout.fnmatch_lines(["*restored 1 object(s) but torch hit none of them (* misses). Likely causes*"])
