@@ -50,6 +50,7 @@ class LoadStats:
     artifacts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     error: str | None = None
+    waited: float = 0.0  # how long the first compile waited for the restore (the restore's critical path)
 
 
 @dataclass
@@ -296,7 +297,10 @@ class CacheSession:
         self._loaded = True
         if not self.reads:
             return
-        if not self.wait_restore(timeout):
+        waiting = time.perf_counter()
+        finished = self.wait_restore(timeout)
+        self.load_stats.waited = round(time.perf_counter() - waiting, 4)
+        if not finished:
             return
         try:
             container = self.restored.torch_container()
@@ -306,7 +310,8 @@ class CacheSession:
         if container is None:
             return
         result = loader(container)
-        self.load_stats = LoadStats(True, result.ok, result.artifacts, result.seconds, result.error)
+        self.load_stats = LoadStats(True, result.ok, result.artifacts, result.seconds, result.error,
+                                    self.load_stats.waited)
         if not result.ok:
             self.problem(f"torch did not load the restored artifacts: {result.error}")
 
@@ -423,6 +428,7 @@ class CacheSession:
         up.new_entries = new.counts()
         if not new:
             up.reason = "nothing new"
+            up.seconds = time.perf_counter() - start  # collecting and comparing what the session saved
             return
         up.attempted = True
         compact = len(self.restored_objects) + 1 > self.compact_after

@@ -90,7 +90,9 @@ def terminal_lines(report: dict[str, Any], verbose: int = 0, durations: int = 0)
         if r.get("why_miss"):
             lines.append(f"nothing stored for this fingerprint: {r['why_miss']}")
     if ld["called"]:
-        lines.append(f"loaded into torch: {_pairs(ld['artifacts'])} in {ld['seconds']:.3f} s" if ld["ok"]
+        lines.append(f"loaded into torch: {_pairs(ld['artifacts'])} in {ld['seconds']:.3f} s"
+                     + (f" (the first compile waited {ld['waited']:.2f} s for the restore)"
+                        if ld.get("waited", 0) >= 0.05 else "") if ld["ok"]
                      else f"torch did not load the bundle: {ld['error']}")
     xd = report.get("xdist") or {}
     if t["compiled"]:
