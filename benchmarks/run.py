@@ -592,12 +592,9 @@ def bench_objects(s3: S3, work: Path, repeats: int, populated: str | None, wl_na
 
 # --- environment ------------------------------------------------------------------------------------
 def _version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    from pytest_megacache.fingerprint import _dist_version  # the plugin's own lookup (first name installed)
+
+    return _dist_version(*names)
 
 
 def environment() -> dict[str, Any]:
