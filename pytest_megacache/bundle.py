@@ -128,12 +128,14 @@ class Entries:
     def update(self, items: Iterable[Entry]) -> int:
         return sum(self.add(e) for e in items)
 
-    def replace(self, entry: Entry) -> None:
-        """Put ``entry`` in, over any entry with the same ``(kind, name)``."""
-        self._items[entry.ident] = entry
-
-    def get(self, ident: tuple[str, str]) -> Entry | None:
-        return self._items.get(ident)
+    def merge(self, items: Iterable[Entry]) -> None:
+        """Add ``items`` as :meth:`update` does, except that a mutable kind's entry (a dynamic-shape
+        profile) replaces the one present: merge older sources first and the newest copy wins."""
+        for entry in items:
+            if entry.kind in MUTABLE_KINDS:
+                self._items[entry.ident] = entry
+            else:
+                self.add(entry)
 
     def __contains__(self, ident: object) -> bool:
         return ident in self._items
@@ -148,7 +150,13 @@ class Entries:
         return set(self._items)
 
     def minus(self, idents: Iterable[tuple[str, str]] | Entries) -> Entries:
-        known = idents.idents() if isinstance(idents, Entries) else set(idents)
+        """The entries not in ``idents``. Against another :class:`Entries`, a mutable kind's entry whose
+        data changed under its ident counts as new too (a grown profile must be uploaded)."""
+        if isinstance(idents, Entries):
+            other = idents._items
+            return Entries(e for e in self if e.ident not in other
+                           or (e.kind in MUTABLE_KINDS and other[e.ident].data != e.data))
+        known = set(idents)
         return Entries(e for e in self if e.ident not in known)
 
     def of_kind_prefix(self, prefix: str) -> list[Entry]:

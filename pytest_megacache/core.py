@@ -263,20 +263,13 @@ class CacheSession:
             if got.entries is None or got.header is None:
                 stats.objects_rejected += got.size > 0
                 continue
-            merged.update(got.entries)
-            for entry in got.entries:  # objects come oldest first: a newer profile replaces an older one
-                if entry.kind in bundlemod.MUTABLE_KINDS:
-                    merged.replace(entry)
+            merged.merge(got.entries)
             stats.objects_used += 1
             stats.folders[got.folder] = stats.folders.get(got.folder, 0) + 1
             self.restored_headers.append(got.header)
             if got.folder == self.folder:
                 self.restored_objects.append(got.info)
-                for entry in got.entries:
-                    if entry.kind in bundlemod.MUTABLE_KINDS:
-                        self.restored_own.replace(entry)
-                    else:
-                        self.restored_own.add(entry)
+                self.restored_own.merge(got.entries)
         try:
             for root in self.roots:
                 written, present = root.restore(merged)
@@ -417,14 +410,9 @@ class CacheSession:
         start = time.perf_counter()
         session = self.collect(adapter) if adapter is not None else Entries()
         if worker_entries is not None:
-            session.update(worker_entries)
+            session.merge(worker_entries)
         up.session_entries = len(session)
-        new = session.minus(self.restored)
-        for entry in session:  # a profile that changed under its key is new too
-            if entry.kind in bundlemod.MUTABLE_KINDS:
-                known = self.restored.get(entry.ident)
-                if known is not None and known.data != entry.data:
-                    new.add(entry)
+        new = session.minus(self.restored)  # a profile that changed under its key counts as new
         up.new_entries = new.counts()
         if not new:
             up.reason = "nothing new"
@@ -433,8 +421,7 @@ class CacheSession:
         up.attempted = True
         compact = len(self.restored_objects) + 1 > self.compact_after
         payload = Entries(self.restored_own) if compact else Entries()
-        for entry in new:
-            payload.replace(entry)  # new wins: only a changed profile can share an ident with what was restored
+        payload.merge(new)  # a changed profile replaces the restored one
         blob = bundlemod.encode(payload, self.fingerprint, extra=self.upload_meta(payload),
                                 signing_key=self.signing_keys[0] if self.signing_keys else None)
         try:

@@ -328,7 +328,7 @@ class MegacachePlugin:
                                  f"({error or 'no output'}); only its new artifacts are lost")
             return
         try:
-            self.worker_entries.update(xdist.take_over(output, self.fingerprint.key))
+            self.worker_entries.merge(xdist.take_over(output, self.fingerprint.key))
         except (OSError, BundleError) as exc:
             self.session.problem(f"xdist worker {worker}'s artifacts were refused: {exc}")
         self.worker_outputs.append(output)

@@ -452,3 +452,17 @@ def test_payload_with_trailing_bytes_after_the_frame() -> None:
     payload = zstandard.ZstdCompressor().compress(raw) + b"junk"
     with pytest.raises(BundleError, match="payload does not decompress"):
         bundle.decode(build(raw, payload=payload))
+
+
+def test_a_changed_profile_is_new_and_the_newest_copy_wins_a_merge() -> None:
+    """Dynamic-shape profiles (torch/pgo) change under their key: minus() and merge() know it, so every
+    caller (a solo session, an xdist worker handing over, the controller) keeps the grown profile."""
+    graph = Entry("torch/inductor", "f" + "a" * 51, b"graph")
+    old, grown = Entry("torch/pgo", "job1", b"static"), Entry("torch/pgo", "job1", b"dynamic")
+    restored = Entries([graph, old])
+    assert [e.data for e in Entries([graph, grown]).minus(restored)] == [b"dynamic"]
+    assert len(Entries([graph, old]).minus(restored)) == 0
+    assert len(Entries([graph, grown]).minus(restored.idents())) == 0  # bare idents cannot compare data
+    merged = Entries([graph, old])
+    merged.merge([Entry("torch/inductor", graph.name, b"other"), grown])
+    assert {e.ident: e.data for e in merged} == {graph.ident: b"graph", grown.ident: b"dynamic"}
