@@ -30,11 +30,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import logging
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,10 +48,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "example_project"
 sys.path.insert(0, str(ROOT))  # pytest_megacache from this checkout, for the objects check
+sys.path.insert(0, str(ROOT / "demo"))
+from local_s3 import LocalS3, clean_env  # the demo's embedded S3 server  # noqa: E402
 
-# Settings from the calling shell that would change what is measured (as in demo/run_demo.py).
-STRIPPED_PREFIXES = ("MEGACACHE_", "AWS_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE_", "TRITON_")
-STRIPPED_NAMES = {"PYTEST_ADDOPTS", "PYTEST_PLUGINS", "OMP_NUM_THREADS"}
 THREADS_FLAG = "--megacache-compile-threads"
 NAIVE_ZSTD_LEVEL = 3
 TAIL_CHARS = 4000
@@ -79,47 +76,15 @@ def human_bytes(n: float | None) -> str:
     return f"{n:.1f} GB"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # --- the S3 server ---------------------------------------------------------------------------------
-class S3:
-    """moto's S3 server on 127.0.0.1, in this process, and clients for it."""
+class S3(LocalS3):
+    """The demo's S3 server (demo/local_s3.py), with a clear message when moto is missing."""
 
     def __init__(self) -> None:
         try:
-            from moto.server import ThreadedMotoServer
+            super().__init__()
         except ImportError:
             sys.exit("benchmarks/run.py needs moto's server: pip install -r benchmarks/requirements.txt")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-
-    def __enter__(self) -> S3:
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self.server.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.stop()
-
-    def client(self) -> Any:
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id="testing",
-                            aws_secret_access_key="testing", config=Config(max_pool_connections=16))
-
-    def create_bucket(self, name: str) -> str:
-        self.client().create_bucket(Bucket=name)
-        return name
-
-    def env(self) -> dict[str, str]:
-        return {"AWS_ENDPOINT_URL_S3": self.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 
 
 # --- workloads -------------------------------------------------------------------------------------
@@ -181,8 +146,8 @@ def plugin_args() -> tuple[list[str], list[str], bool]:
 
 
 def base_env(s3: S3) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED_PREFIXES) and k not in STRIPPED_NAMES}
-    env.update(s3.env())
+    env = clean_env()  # settings of the calling shell that would change what is measured are dropped
+    env.update(s3.env(no_aws_files=os.devnull))
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return env

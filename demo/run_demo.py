@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from local_s3 import LocalS3, clean_env  # beside this script (shared with benchmarks/run.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR = ROOT / "demo"
 TESTS = "example_project/tests"
@@ -43,21 +43,10 @@ BUCKET = "megacache-demo"
 COUNTERS_PLUGIN = "megacache_demo_counters"
 COUNTERS_ENV = "MEGACACHE_DEMO_COUNTERS"
 
-# Settings from the calling shell that would change what the demo measures: a configured store or mode,
-# the user's own cache directories or cache switches, AWS credentials, profiles and endpoints, extra pytest
-# options. The demo sets what it needs itself.
-STRIPPED_PREFIXES = ("MEGACACHE_", "AWS_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE_", "TRITON_")
-STRIPPED_NAMES = {"PYTEST_ADDOPTS", "PYTEST_PLUGINS", "OMP_NUM_THREADS"}
 
 
 def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def human_bytes(n: float) -> str:
@@ -80,54 +69,18 @@ class RunResult:
     keys: list[str] = field(default_factory=list)
 
 
-class S3:
-    """The embedded S3 server and a client for it."""
-
-    def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-
-    def __enter__(self) -> S3:
-        # moto's server logs every request through werkzeug; the demo prints what matters itself.
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self.server.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.stop()
-
-    def client(self) -> Any:
-        import boto3
-
-        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
-
-    def objects(self, bucket: str) -> list[tuple[str, int]]:
-        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket)
-        return sorted((o["Key"], int(o["Size"])) for page in pages for o in page.get("Contents", []))
-
-
-def child_env(s3: S3, run_dir: Path, counters_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(STRIPPED_PREFIXES) and k not in STRIPPED_NAMES}
+def child_env(s3: LocalS3, run_dir: Path, counters_path: Path) -> dict[str, str]:
+    # Settings from the calling shell that would change what the demo measures (a configured store or
+    # mode, cache directories or switches, AWS credentials and endpoints, pytest options) are dropped.
+    env = clean_env()
     dirs = {name: run_dir / name for name in ("inductor-cache", "triton-cache", "tmp")}
     for path in dirs.values():
         path.mkdir(parents=True)
-    no_aws_files = str(run_dir / "no-aws-config")  # never read the user's ~/.aws
+    env.update(s3.env(no_aws_files=str(run_dir / "no-aws-config")))
     env.update({
         "TORCHINDUCTOR_CACHE_DIR": str(dirs["inductor-cache"]),
         "TRITON_CACHE_DIR": str(dirs["triton-cache"]),
         "TMPDIR": str(dirs["tmp"]),
-        "AWS_ENDPOINT_URL_S3": s3.url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": no_aws_files,
-        "AWS_SHARED_CREDENTIALS_FILE": no_aws_files,
-        "AWS_EC2_METADATA_DISABLED": "true",
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (str(DEMO_DIR), os.environ.get("PYTHONPATH", "")) if p),
         COUNTERS_ENV: str(counters_path),
@@ -163,7 +116,7 @@ def load_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def run_pytest(name: str, s3: S3, bucket: str, work: Path, extra: list[str]) -> RunResult:
+def run_pytest(name: str, s3: LocalS3, bucket: str, work: Path, extra: list[str]) -> RunResult:
     run_dir = work / name
     report_path, counters_path = run_dir / "megacache-report.json", run_dir / "torch-counters.json"
     env = child_env(s3, run_dir, counters_path)
@@ -332,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         version = "not installed"
     say(f"python {sys.version.split()[0]}, torch {version}, {os.cpu_count()} CPU(s); scratch directory {work}")
     try:
-        with S3() as s3:
-            s3.client().create_bucket(Bucket=args.bucket)
+        with LocalS3() as s3:
+            s3.create_bucket(args.bucket)
             say(f"S3 server (moto) on {s3.url}, bucket {args.bucket!r} created, empty")
             cold = run_pytest("cold", s3, args.bucket, work, args.pytest_args)
             warm = run_pytest("warm", s3, args.bucket, work, args.pytest_args)
