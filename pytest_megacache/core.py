@@ -18,7 +18,7 @@ from .bundle import Entries, Limits
 from .errors import BundleError, StoreError
 from .files import FileRoot
 from .stores import ObjectInfo, Store, new_object_name
-from .torch_adapter import MISS_COUNTERS, LoadResult, TorchAdapter
+from .torch_adapter import MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
 
 # Store failures that make every later call fail too: report once, do not try to upload.
 STORE_DOWN_KINDS = frozenset({"unreachable", "no-bucket", "denied", "credentials"})
@@ -374,7 +374,7 @@ class CacheSession:
 
     def upload_meta(self, payload: Entries) -> dict[str, object]:
         ts = self.torch_stats
-        misses = sum(ts.counters.get(name, 0) for name in MISS_COUNTERS)
+        misses = counter_sum(ts.counters, MISS_COUNTERS)
         return {"producer": {**self.meta, "misses": misses, "compile_seconds": round(ts.compile_seconds, 3)},
                 "cold_seconds": self.cold_seconds(payload)}
 

@@ -21,7 +21,7 @@ from . import report as reportmod
 from .errors import BundleError, MegacacheWarning, redact
 from .fingerprint import Fingerprint, TorchUnavailable, compute
 from .settings import OPTIONS, Settings, SettingsError, resolve
-from .torch_adapter import PostImportHook, TorchAdapter, disable_precompiled_headers
+from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, PostImportHook, TorchAdapter, counter_sum, disable_precompiled_headers
 
 if TYPE_CHECKING:
     from .bundle import Entries
@@ -450,8 +450,7 @@ class MegacachePlugin:
             return
         r, t = cs.restore_stats, cs.torch_stats
         c = t.counters
-        hits = c.get("fxgraph_cache_hit", 0) + c.get("autograd_cache_hit", 0)
-        misses = c.get("fxgraph_cache_miss", 0) + c.get("autograd_cache_miss", 0)
+        hits, misses = counter_sum(c, HIT_COUNTERS), counter_sum(c, MISS_COUNTERS)
         if r.objects_used and t.compiled and hits == 0 and misses > 0:
             cs.problem(
                 f"restored {r.objects_used} object(s) but torch hit none of them ({misses} misses). Likely causes: "

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .torch_adapter import MISS_COUNTERS, counter_sum  # a light module: it imports no torch
+
 REPORT_SCHEMA = "pytest-megacache/report"
 REPORT_VERSION = 2
 
@@ -42,7 +44,7 @@ def slowest_uncached(report: dict[str, Any], n: int) -> list[tuple[str, dict[str
     """The ``n`` tests with the most compile seconds that the cache did not cover (tests with misses)."""
     per_test: dict[str, dict[str, Any]] = (report.get("torch") or {}).get("per_test", {})
     missed = [(nodeid, t) for nodeid, t in per_test.items()
-              if t["counters"].get("fxgraph_cache_miss", 0) + t["counters"].get("autograd_cache_miss", 0) > 0]
+              if counter_sum(t["counters"], MISS_COUNTERS) > 0]
     return sorted(missed, key=lambda item: -float(item[1]["seconds"]))[:n]
 
 

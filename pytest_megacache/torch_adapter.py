@@ -25,8 +25,13 @@ COUNTER_NAMES = {
     "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass", "autograd_cache_guard_miss"),
     "dynamo_cache": ("dynamo_cache_hit", "dynamo_cache_miss"),
 }
-# Counters that mean "this test compiled something the cache did not have".
+# Counters that mean "this test compiled something the cache did not have", and their hit twins.
 MISS_COUNTERS = ("fxgraph_cache_miss", "autograd_cache_miss")
+HIT_COUNTERS = ("fxgraph_cache_hit", "autograd_cache_hit")
+
+
+def counter_sum(counters: dict[str, int], names: tuple[str, ...]) -> int:
+    return sum(counters.get(name, 0) for name in names)
 
 
 @dataclass
@@ -40,7 +45,7 @@ class CompileRecord:
 
     @property
     def misses(self) -> int:
-        return sum(self.counters.get(name, 0) for name in MISS_COUNTERS)
+        return counter_sum(self.counters, MISS_COUNTERS)
 
 
 class _NotifyingLoader(importlib.abc.Loader):
@@ -159,7 +164,7 @@ class TorchAdapter:
 
     # --- per-test attribution --------------------------------------------------------------------
     def begin_test(self, nodeid: str) -> None:
-        self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen()))
+        self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen_set()))
 
     def end_test(self) -> None:
         if self._test is None:
@@ -180,13 +185,15 @@ class TorchAdapter:
         record.artifacts.extend(self._seen()[seen:])
 
     @staticmethod
-    def _seen() -> list[tuple[str, str]]:
-        """(type, key) of every artifact torch recorded so far (private API; empty if it moved)."""
+    def _seen_set() -> Any:
+        """torch's ordered set of the artifacts it recorded so far (private API; () if it moved)."""
         cache = sys.modules.get("torch.compiler._cache")
-        manager = getattr(cache, "CacheArtifactManager", None)
-        seen = getattr(manager, "_seen_artifacts", None)
-        if seen is None:
-            return []
+        return getattr(getattr(cache, "CacheArtifactManager", None), "_seen_artifacts", None) or ()
+
+    @classmethod
+    def _seen(cls) -> list[tuple[str, str]]:
+        """(type, key) of every artifact torch recorded so far."""
+        seen = cls._seen_set()
         out = []
         try:
             for artifact in list(seen):
