@@ -435,7 +435,9 @@ class MegacachePlugin:
         output: dict[str, Any] = {"torch": {k: v for k, v in asdict(ts).items() if k != "layers"},
                                   "selection": self.selection, "restore": asdict(cs.restore_stats)}
         if ts.compiled and self.settings.writes:
-            new = cs.collect(self.adapter).minus(cs.restored)
+            # By ident only: a worker's grown profile (pgo) holds just the frames that worker saw, and
+            # profiles cannot be merged without unpickling them; the controller keeps the restored one.
+            new = cs.collect(self.adapter).minus(cs.restored.idents())
             try:
                 output.update(xdist.hand_over(self.stage_dir, self.worker_id, new, self.fingerprint.key))
             except (OSError, BundleError) as exc:

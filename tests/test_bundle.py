@@ -455,8 +455,8 @@ def test_payload_with_trailing_bytes_after_the_frame() -> None:
 
 
 def test_a_changed_profile_is_new_and_the_newest_copy_wins_a_merge() -> None:
-    """Dynamic-shape profiles (torch/pgo) change under their key: minus() and merge() know it, so every
-    caller (a solo session, an xdist worker handing over, the controller) keeps the grown profile."""
+    """Dynamic-shape profiles (torch/pgo) change under their key: minus() against entries and merge()
+    know it (a solo session uploads its grown profile); minus() against bare idents does not."""
     graph = Entry("torch/inductor", "f" + "a" * 51, b"graph")
     old, grown = Entry("torch/pgo", "job1", b"static"), Entry("torch/pgo", "job1", b"dynamic")
     restored = Entries([graph, old])
