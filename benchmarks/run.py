@@ -17,6 +17,9 @@ otherwise:
          store, only to record compile time.
 - warm-auto / warm-keep: the warm run with ``--megacache-compile-threads auto`` / ``keep`` (only when the
          installed plugin has that option).
+- cold-xdist / warm-xdist (``--xdist N``): cold and warm again with ``pytest -n N`` (pytest-xdist), into and
+         from a bucket of their own: the controller restores once for all workers, so the warm run's bytes
+         fetched should equal what the bucket holds (one download), not N times it.
 
 Also measured: the idle cost (a one-test session that compiles nothing, with the plugin vs
 ``-p no:megacache``) and the restore time of the same entries stored as 1 object vs 8 objects.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -60,6 +64,7 @@ WARM_COLD_TARGET = {"cuda": 0.05, "cpu": 0.2}
 WARM_HOT_TARGET = 1.10
 MOVED_RAW_TARGET = 0.15
 IDLE_TARGET_MS = 100.0
+MODE_COLORS = ["#c0392b", "#27ae60", "#16a085", "#1abc9c", "#2980b9", "#8e44ad", "#e67e22", "#f1c40f"]
 
 
 def say(message: str) -> None:
@@ -360,11 +365,35 @@ def naive_unpack(archive: Path, dest: Path) -> tuple[Dirs, float]:
 
 
 # --- one workload, every mode ----------------------------------------------------------------------
-def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threads: bool) -> tuple[list[Run], str | None]:
+def bucket_bytes(s3: S3, bucket: str) -> tuple[int, int]:
+    """(objects, bytes) of the cache objects a bucket holds."""
+    objs = [o for o in s3.client().list_objects_v2(Bucket=bucket).get("Contents", []) if o["Key"].endswith(".mcb")]
+    return len(objs), sum(int(o["Size"]) for o in objs)
+
+
+def bench_xdist(runner: Runner, wl: Workload, rep: int, base: Path, workers: int) -> list[Run]:
+    """cold then warm with ``-n workers``, into and from a bucket of their own."""
+    bucket = runner.s3.create_bucket(f"bench-{wl.name.lower()}-r{rep}-x{workers}-{os.getpid()}")
+    args = ["-n", str(workers)]
+    cold = runner.run(wl, "cold-xdist", rep, base / "cold-xdist", bucket=bucket, extra=args)
+    if not cold.ok:
+        return [cold, Run(wl.name, "warm-xdist", rep, error="not run: the cold-xdist run failed")]
+    objects, stored = bucket_bytes(runner.s3, bucket)
+    cold.extra = {"bucket_objects": objects, "bucket_bytes": stored}
+    warm = runner.run(wl, "warm-xdist", rep, base / "warm-xdist", bucket=bucket, extra=args)
+    # Bytes fetched over bytes stored: 1.0 when the controller downloaded each object once for all workers.
+    warm.extra = {"bucket_objects": objects, "bucket_bytes": stored,
+                  "downloads": warm.bytes_moved / stored if warm.bytes_moved is not None and stored else None}
+    return [cold, warm]
+
+
+def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threads: bool,
+                   xdist: int = 0) -> tuple[list[Run], str | None]:
     """Every mode, repeat by repeat; returns the runs and a bucket the cold run filled (for idle and objects)."""
     runs: list[Run] = []
     populated: str | None = None
-    modes = ["cold", "warm", *(["warm-auto", "warm-keep"] if threads else []), "hot", "naive"]
+    modes = ["cold", "warm", *(["warm-auto", "warm-keep"] if threads else []), "hot", "naive",
+             *(["cold-xdist", "warm-xdist"] if xdist else [])]
 
     def record(r: Run) -> Run:
         runs.append(r)
@@ -399,6 +428,9 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
         naive.bytes_moved = pack["tar_zst_bytes"]
         naive.restore_seconds = pack["pack_seconds"] + unpack_seconds
         record(naive)
+        if xdist:
+            for r in bench_xdist(runner, wl, rep, base, xdist):
+                record(r)
     return runs, populated
 
 
@@ -640,7 +672,8 @@ def workload_tables(wl: Workload, runs: list[Run], repeats: int) -> tuple[list[s
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mode, rs in by_mode.items():
         ok = sum(r.ok for r in rs)
-        stored = f"{_cell(rs, 'upload_bytes', 'b')} / {_cell(rs, 'upload_raw_bytes', 'b')}" if mode == "cold" else ""
+        stored = (f"{_cell(rs, 'upload_bytes', 'b')} / {_cell(rs, 'upload_raw_bytes', 'b')}"
+                  if mode.startswith("cold") else "")
         moved = _cell(rs, "bytes_moved", "b") if mode in ("naive",) or mode.startswith("warm") else ""
         restore = _cell(rs, "restore_seconds", "s") if mode == "naive" or mode.startswith("warm") else ""
         lines.append(f"| {mode} | {ok}/{len(rs)} | {_cell(rs, 'wall', 's')} | {_cell(rs, 'compile_seconds', 's')} "
@@ -673,6 +706,19 @@ def workload_tables(wl: Workload, runs: list[Run], repeats: int) -> tuple[list[s
               f"| warm bytes moved / cold raw bytes | {f(moved_raw)} | <= {MOVED_RAW_TARGET} "
               f"| {_check(moved_raw, MOVED_RAW_TARGET)} |",
               f"| warm bytes moved / naive tar.zst | {f(moved_naive)} | < 1 | {_check(moved_naive, 1.0, strict_less=True)} |"]
+    xwarm = [r for r in by_mode.get("warm-xdist", []) if r.ok and r.extra.get("downloads") is not None]
+    if xwarm:
+        downloads = statistics.median(r.extra["downloads"] for r in xwarm)
+        ratios["warm-xdist bytes fetched / bytes stored"] = downloads
+        ratios["warm-xdist/warm compile"] = ratio(g("warm-xdist", "compile_seconds"), g("warm", "compile_seconds"))
+        ratios["warm-xdist/cold-xdist compile"] = ratio(g("warm-xdist", "compile_seconds"),
+                                                        g("cold-xdist", "compile_seconds"))
+        stored = statistics.median(r.extra["bucket_bytes"] for r in xwarm)
+        lines += [f"| warm-xdist bytes fetched / bytes stored ({human_bytes(stored)} in "
+                  f"{statistics.median(r.extra['bucket_objects'] for r in xwarm):g} objects) | {f(downloads)} "
+                  f"| 1 (one download for all workers) | {_check(abs(downloads - 1.0), 1e-9)} |",
+                  f"| warm-xdist/cold-xdist compile | {f(ratios['warm-xdist/cold-xdist compile'])} "
+                  f"| <= {wc_bound} ({wl.device}) | {_check(ratios['warm-xdist/cold-xdist compile'], wc_bound)} |"]
     if "warm-auto" in by_mode:
         wa, wk = med["warm-auto"], med["warm-keep"]
         ratios["warm-auto/warm-keep wall"] = ratio(wa["wall"], wk["wall"])
@@ -743,7 +789,7 @@ def plot(out: Path, results: dict[str, Any], runs: list[Run], env: dict[str, Any
             lows.append(m - min(vals) if vals else 0.0)
             highs.append(max(vals) - m if vals else 0.0)
         bars = ax.bar(modes, meds, yerr=[lows, highs], capsize=4,
-                      color=["#c0392b", "#27ae60", "#16a085", "#1abc9c", "#2980b9", "#8e44ad"][: len(modes)])
+                      color=MODE_COLORS[: len(modes)])
         for bar, m in zip(bars, meds, strict=True):
             ax.annotate(f"{m:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                         fontsize=8)
@@ -773,14 +819,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-only", action="store_true", help="only the idle measurement")
     parser.add_argument("--no-idle", action="store_true", help="skip the idle measurement")
     parser.add_argument("--no-threads-pair", action="store_true", help=f"skip the {THREADS_FLAG} auto/keep pair")
+    parser.add_argument("--xdist", type=int, default=0, metavar="N",
+                        help="also run cold and warm with pytest-xdist -n N (default: off)")
     parser.add_argument("--objects-repeats", type=int, default=3, help="restores per objects-check case (default: 3)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one pytest run may take (default: 3600)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (caches, logs, reports)")
     opts = parser.parse_args(argv)
     if opts.idle_repeats is None:
         opts.idle_repeats = max(5, 3 * opts.repeats)
-    if opts.repeats < 1 or opts.idle_repeats < 1 or any(n < 1 for n in opts.n):
-        parser.error("--repeats, --idle-repeats and --n take positive numbers")
+    if opts.repeats < 1 or opts.idle_repeats < 1 or any(n < 1 for n in opts.n) or opts.xdist < 0:
+        parser.error("--repeats, --idle-repeats and --n take positive numbers, --xdist zero or more")
+    if opts.xdist and importlib.util.find_spec("xdist") is None:
+        parser.error("--xdist needs pytest-xdist: pip install -r benchmarks/requirements.txt")
 
     started = time.perf_counter()
     env = environment()
@@ -816,7 +866,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "(warm-auto / warm-keep) was skipped")
             last_populated: tuple[Workload, str] | None = None
             for wl in workloads:
-                runs, populated = bench_workload(runner, wl, opts.repeats, work, threads)
+                runs, populated = bench_workload(runner, wl, opts.repeats, work, threads, opts.xdist)
                 all_runs += runs
                 failed |= any(not r.ok for r in runs)
                 if populated:
