@@ -9,6 +9,7 @@ export PYTHONPATH=/tmp/site:$PWD
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
+[ "${SKIP_KERNEL:-0}" = 1 ] || {
 # 1. The user @triton.jit kernel: cold, then warm on fresh dirs restored from a directory store.
 T=$(mktemp -d)
 kernel_run() {
@@ -23,6 +24,7 @@ kernel_run() {
 }
 kernel_run cold
 kernel_run warm
+}
 
 # 2. Dynamo's caching precompile (opt-in): cold then warm with --megacache-precompile, vs a plain warm.
 pre_run() {
@@ -40,5 +42,6 @@ fi
 
 # 3. Benchmarks: cold / warm (S3) / hot / naive side by side.
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
-python benchmarks/run.py --device cuda --workload ${WORKLOADS:-example} --n ${NS:-10} --repeats 1 --no-idle \
-  --out "$OUT/bench" --objects-repeats 1 2>&1 | tail -${TAIL:-60}
+# REPEATS (default 1) and BENCH_ARGS (say "--xdist 2 --plot") pass through; BENCH_OUT names the results folder.
+python benchmarks/run.py --device cuda --workload ${WORKLOADS:-example} --n ${NS:-10} --repeats ${REPEATS:-1} --no-idle \
+  --out "${BENCH_OUT:-$OUT/bench}" --objects-repeats 1 ${BENCH_ARGS:-} 2>&1 | tail -${TAIL:-60}
