@@ -37,6 +37,7 @@ class RestoreStats:
     entries: dict[str, int] = field(default_factory=dict)
     files_written: int = 0
     files_present: int = 0
+    files_refused: list[str] = field(default_factory=list)  # kernel files cut short: not written, rebuilt
     seconds: float = 0.0
     ok: bool = False
     why_miss: str | None = None  # when nothing is stored for this fingerprint: the nearest one that is
@@ -272,11 +273,14 @@ class CacheSession:
                 self.restored_own.merge(got.entries)
         try:
             for root in self.roots:
-                written, present = root.restore(merged)
+                written, present = root.restore(merged, stats.files_refused)
                 stats.files_written += written
                 stats.files_present += present
         except (OSError, BundleError) as exc:
             self.problem(f"restoring compiled files failed ({exc}); those kernels will be rebuilt")
+        if stats.files_refused:
+            self.problem(f"{len(stats.files_refused)} restored kernel files were incomplete and not written "
+                         f"(they will be rebuilt): {'; '.join(stats.files_refused[:3])}")
         self.restored = merged
         stats.entries = merged.counts()
         stats.ok = True

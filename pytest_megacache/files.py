@@ -11,7 +11,9 @@ from __future__ import annotations
 import getpass
 import os
 import re
+import struct
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,12 @@ from .errors import BundleError
 EXCLUDED_TOP = frozenset({"fxgraph", "aotautograd", "dynamo", "locks", "precompiled_headers", "triton"})
 _EXCLUDED_NAME = re.compile(r"(^\.|^tmp|\.lock$|\.tmp|~$)")
 MAX_FILE_BYTES = 256 << 20
+# Inductor builds a kernel's .so with g++ writing straight into the cache directory, under an flock on
+# ``locks/<key>.lock``; another process sharing the directory (an xdist worker, a second session) may be
+# mid-build when this one collects. The collector takes the same lock (shared) before reading, at most
+# this long per file, and never carries an ELF file shorter than its own headers say.
+LOCK_WAIT_SECONDS = 30.0
+_ELF_SUFFIXES = (".so", ".o")
 # In TRITON_CACHE_DIR, Inductor's own kernels (named triton_<kind>_...) travel inside FX-graph entries
 # already; only the rest (user @triton.jit kernels, Triton's compiled launcher/driver modules) is carried.
 _INDUCTOR_KERNEL = re.compile(r"^(__grp__)?triton_(poi|red|per|tem|for|spl|mm|bmm|sca|unk|helper)_")
@@ -62,6 +70,61 @@ def triton_installed() -> bool:
         return False
 
 
+def elf_problem(name: str, data: bytes) -> str | None:
+    """Why ``data`` is not a whole ELF file, for names that must be one (``.so``, ``.o``); else None.
+
+    A truncated build (``file too short`` when Python imports it) ends before the program or
+    section header table its ELF header declares."""
+    if not name.endswith(_ELF_SUFFIXES) and not data.startswith(b"\x7fELF"):
+        return None
+    if len(data) < 52 or not data.startswith(b"\x7fELF") or data[4] not in (1, 2) or data[5] not in (1, 2):
+        return f"not an ELF file ({len(data)} bytes)"
+    order = "<" if data[5] == 1 else ">"
+    if data[4] == 2:  # 64-bit
+        if len(data) < 64:
+            return f"ELF header cut short ({len(data)} bytes)"
+        phoff, shoff = struct.unpack_from(order + "QQ", data, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", data, 0x36)
+    else:
+        phoff, shoff = struct.unpack_from(order + "II", data, 0x1C)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", data, 0x2A)
+    need = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    if len(data) < need:
+        return f"truncated ELF file ({len(data)} of at least {need} bytes)"
+    return None
+
+
+def _read_under_torch_lock(root: Path, rel: str, timeout: float) -> bytes | None:
+    """The file's bytes, read while holding (shared) the flock Inductor builds it under, if it has one.
+    None when the lock stays taken past ``timeout`` (a build still running elsewhere)."""
+    key = rel.rsplit("/", 1)[-1].split(".", 1)[0]
+    lock = root / "locks" / f"{key}.lock"
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no flock, read as is
+        return (root / rel).read_bytes()
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:  # no lock file: nothing of Inductor's builds this file
+        return (root / rel).read_bytes()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.05)
+        try:
+            return (root / rel).read_bytes()
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class FileRoot:
     """A cache directory whose files travel as ``file/<name>`` entries."""
@@ -91,7 +154,7 @@ class FileRoot:
                 out.add(rel)
         return out
 
-    def collect(self, before: set[str]) -> tuple[Entries, list[str]]:
+    def collect(self, before: set[str], lock_wait: float = LOCK_WAIT_SECONDS) -> tuple[Entries, list[str]]:
         """Entries for the files added since ``before``; also the paths skipped and why."""
         entries = Entries()
         skipped: list[str] = []
@@ -114,17 +177,25 @@ class FileRoot:
                 if st.st_size > MAX_FILE_BYTES:
                     skipped.append(f"{rel}: {st.st_size} bytes")
                     continue
-                data = path.read_bytes()
+                data = _read_under_torch_lock(self.path, rel, lock_wait)
             except OSError as exc:
                 skipped.append(f"{rel}: {exc.strerror or exc}")
+                continue
+            if data is None:
+                skipped.append(f"{rel}: still being built by another process after {lock_wait:g} s")
+                continue
+            if problem := elf_problem(rel, data):
+                skipped.append(f"{rel}: {problem}")
                 continue
             entries.add(Entry(self.kind, rel, data, 0o755 if st.st_mode & 0o111 else 0o644))
         return entries, skipped
 
-    def restore(self, entries: Iterable[Entry]) -> tuple[int, int]:
+    def restore(self, entries: Iterable[Entry], refused: list[str] | None = None) -> tuple[int, int]:
         """Write this root's entries that are not there yet. Returns (written, already present).
 
-        Raises OSError (a full disk, say) to the caller; a partial restore leaves only whole files.
+        An ELF file cut short (a build collected mid-write by an older version) is not written: its
+        name and why go to ``refused``, and Inductor rebuilds it. Raises OSError (a full disk, say) to
+        the caller; a partial restore leaves only whole files.
         """
         written = present = 0
         root = self.path.resolve()
@@ -132,6 +203,10 @@ class FileRoot:
             if entry.kind != self.kind:
                 continue
             validate_file_path(entry.name)
+            if problem := elf_problem(entry.name, entry.data):
+                if refused is not None:
+                    refused.append(f"{entry.name}: {problem}")
+                continue
             target = root.joinpath(*entry.name.split("/"))
             parent = target.parent
             # A symlinked directory inside the root could redirect the write: refuse it, before mkdir

@@ -81,3 +81,10 @@ def _clean_megacache_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith(("MEGACACHE_", "GITHUB_", "TORCH_COMPILE_JOB_ID")):
             monkeypatch.delenv(key)
+
+
+def fake_elf(payload: bytes = b"") -> bytes:
+    """A whole (if useless) 64-bit ELF file: its header declares no tables, so any length >= 64 is complete.
+    Kernel files (.so) the plugin carries must be whole ELF files; truncated ones are refused."""
+    header = b"\x7fELF\x02\x01\x01" + bytes(64 - 7)
+    return header + payload

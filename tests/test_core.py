@@ -18,6 +18,8 @@ from pytest_megacache.files import FileRoot
 from pytest_megacache.stores import LocalDirStore, MemoryStore, Store
 from pytest_megacache.torch_adapter import CompileRecord
 
+from .conftest import fake_elf
+
 FP = "torch-2.13.0/cpu-avx2-t2/py3.11-linux-x86_64/0123456789ab"
 FOLDER = f"pytest-megacache/{FP}"
 
@@ -176,7 +178,7 @@ def test_files_travel_and_restore_without_overwriting(tmp_path: Path) -> None:
     cold.start_restore(background=False)
     kernel = tmp_path / "cold" / "inductor" / "ab" / "cabc.so"
     kernel.parent.mkdir(parents=True)
-    kernel.write_bytes(b"\x7fELF")
+    kernel.write_bytes(fake_elf())
     (tmp_path / "cold" / "inductor" / "locks").mkdir()
     (tmp_path / "cold" / "inductor" / "locks" / "cabc.lock").write_text("")
     cold.finish(FakeTorch([KEY_A]), 5)  # type: ignore[arg-type]

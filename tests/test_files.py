@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import fcntl
 import getpass
 import os
 import stat
+import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.errors import BundleError
-from pytest_megacache.files import EXCLUDED_TOP, FileRoot, inductor_cache_dir
+from pytest_megacache.files import EXCLUDED_TOP, FileRoot, elf_problem, inductor_cache_dir
+
+from .conftest import fake_elf as elf
 
 
-def write(path: Path, data: bytes = b"data", mode: int = 0o644) -> Path:
+def write(path: Path, data: bytes | None = None, mode: int = 0o644) -> Path:
+    if data is None:
+        data = elf(b"data") if path.name.endswith(".so") else b"data"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     path.chmod(mode)
@@ -45,10 +54,10 @@ def test_snapshot_of_a_missing_directory_is_empty(root: FileRoot) -> None:
 
 
 def test_collect_picks_up_only_new_files(root: FileRoot) -> None:
-    write(root.path / "ab" / "old.so", b"old")
+    write(root.path / "ab" / "old.so", elf(b"old"))
     before = root.snapshot()
     assert before == {"ab/old.so"}
-    write(root.path / "ab" / "cabc.so", b"\x7fELF", 0o755)
+    write(root.path / "ab" / "cabc.so", elf(b"\x7fELF"), 0o755)
     write(root.path / "ab" / "cabc.cpp", b"// source", 0o644)
     write(root.path / "top.json", b"{}", 0o600)
 
@@ -56,7 +65,7 @@ def test_collect_picks_up_only_new_files(root: FileRoot) -> None:
 
     assert skipped == []
     assert {(e.kind, e.name, e.data, e.mode) for e in entries} == {
-        ("file/inductor", "ab/cabc.so", b"\x7fELF", 0o755),
+        ("file/inductor", "ab/cabc.so", elf(b"\x7fELF"), 0o755),
         ("file/inductor", "ab/cabc.cpp", b"// source", 0o644),
         ("file/inductor", "top.json", b"{}", 0o644),
     }
@@ -112,13 +121,13 @@ def test_collect_ignores_symlinks(root: FileRoot, tmp_path: Path) -> None:
 
 def test_restore_round_trip_with_modes(root: FileRoot, tmp_path: Path) -> None:
     before = root.snapshot()
-    write(root.path / "ab" / "k.so", b"shared object", 0o755)
+    write(root.path / "ab" / "k.so", elf(b"shared object"), 0o755)
     write(root.path / "ab" / "k.cpp", b"source", 0o644)
     entries, _ = root.collect(before)
 
     fresh = FileRoot("inductor", tmp_path / "fresh" / "cache")
     assert fresh.restore(entries) == (2, 0)
-    assert tree(fresh.path) == {"ab/k.so": b"shared object", "ab/k.cpp": b"source"}
+    assert tree(fresh.path) == {"ab/k.so": elf(b"shared object"), "ab/k.cpp": b"source"}
     assert stat.S_IMODE((fresh.path / "ab" / "k.so").stat().st_mode) == 0o755
     assert stat.S_IMODE((fresh.path / "ab" / "k.cpp").stat().st_mode) == 0o644
     # No temp files are left behind.
@@ -126,41 +135,41 @@ def test_restore_round_trip_with_modes(root: FileRoot, tmp_path: Path) -> None:
 
 
 def test_restore_never_overwrites(root: FileRoot) -> None:
-    write(root.path / "ab" / "k.so", b"original", 0o644)
-    entries = [Entry("file/inductor", "ab/k.so", b"replacement", 0o755),
-               Entry("file/inductor", "ab/new.so", b"new", 0o644)]
+    write(root.path / "ab" / "k.so", elf(b"original"), 0o644)
+    entries = [Entry("file/inductor", "ab/k.so", elf(b"replacement"), 0o755),
+               Entry("file/inductor", "ab/new.so", elf(b"new"), 0o644)]
     assert root.restore(entries) == (1, 1)
-    assert (root.path / "ab" / "k.so").read_bytes() == b"original"
+    assert (root.path / "ab" / "k.so").read_bytes() == elf(b"original")
     assert stat.S_IMODE((root.path / "ab" / "k.so").stat().st_mode) == 0o644
-    assert (root.path / "ab" / "new.so").read_bytes() == b"new"
+    assert (root.path / "ab" / "new.so").read_bytes() == elf(b"new")
     # A second restore finds everything present.
     assert root.restore(entries) == (0, 2)
 
 
 def test_restore_drops_unsafe_mode_bits(root: FileRoot) -> None:
-    root.restore([Entry("file/inductor", "k.so", b"x", 0o6777)])
+    root.restore([Entry("file/inductor", "k.so", elf(b"x"), 0o6777)])
     assert stat.S_IMODE((root.path / "k.so").stat().st_mode) == 0o755
 
 
 def test_restore_ignores_other_roots_and_torch_entries(root: FileRoot) -> None:
     entries = Entries([Entry("file/triton", "a/b.cubin", b"t"), Entry("torch/pgo", "code_state_x", b"p"),
-                       Entry("file/inductor", "a/b.so", b"i")])
+                       Entry("file/inductor", "a/b.so", elf(b"i"))])
     assert root.restore(entries) == (1, 0)
-    assert tree(root.path) == {"a/b.so": b"i"}
+    assert tree(root.path) == {"a/b.so": elf(b"i")}
 
 
 def test_restore_does_not_follow_an_existing_symlink(root: FileRoot, tmp_path: Path) -> None:
     victim = write(tmp_path / "victim.txt", b"untouched")
     root.path.mkdir()
     (root.path / "k.so").symlink_to(victim)
-    assert root.restore([Entry("file/inductor", "k.so", b"overwrite?")]) == (0, 1)
+    assert root.restore([Entry("file/inductor", "k.so", elf(b"overwrite?"))]) == (0, 1)
     assert victim.read_bytes() == b"untouched"
 
 
 @pytest.mark.parametrize("name", ["../x.so", "/abs/x.so", "a/../../x.so", ".hidden"])
 def test_restore_refuses_unsafe_names(root: FileRoot, tmp_path: Path, name: str) -> None:
     with pytest.raises(BundleError, match="unsafe file path"):
-        root.restore([Entry("file/inductor", name, b"evil")])
+        root.restore([Entry("file/inductor", name, elf(b"evil"))])
     assert not (tmp_path / "x.so").exists()
 
 
@@ -171,24 +180,24 @@ def test_restore_refuses_a_symlinked_directory_leading_outside(root: FileRoot, t
     root.path.mkdir()
     (root.path / "evil").symlink_to(outside, target_is_directory=True)
     with pytest.raises(BundleError, match="resolves outside"):
-        root.restore([Entry("file/inductor", "fine.so", b"ok"), Entry("file/inductor", name, b"evil")])
+        root.restore([Entry("file/inductor", "fine.so", elf(b"ok")), Entry("file/inductor", name, elf(b"evil"))])
     assert list(outside.iterdir()) == []  # not a file, not even a directory
-    assert (root.path / "fine.so").read_bytes() == b"ok"  # entries before the bad one are whole files
+    assert (root.path / "fine.so").read_bytes() == elf(b"ok")  # entries before the bad one are whole files
 
 
 def test_restore_allows_a_symlinked_directory_inside_the_root(root: FileRoot) -> None:
     (root.path / "real").mkdir(parents=True)
     (root.path / "alias").symlink_to(root.path / "real", target_is_directory=True)
-    assert root.restore([Entry("file/inductor", "alias/k.so", b"x")]) == (1, 0)
-    assert (root.path / "real" / "k.so").read_bytes() == b"x"
+    assert root.restore([Entry("file/inductor", "alias/k.so", elf(b"x"))]) == (1, 0)
+    assert (root.path / "real" / "k.so").read_bytes() == elf(b"x")
 
 
 def test_restore_through_a_symlinked_root(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
     linked = FileRoot("inductor", tmp_path / "link")
-    assert linked.restore([Entry("file/inductor", "a/k.so", b"x")]) == (1, 0)
-    assert (tmp_path / "real" / "a" / "k.so").read_bytes() == b"x"
+    assert linked.restore([Entry("file/inductor", "a/k.so", elf(b"x"))]) == (1, 0)
+    assert (tmp_path / "real" / "a" / "k.so").read_bytes() == elf(b"x")
 
 
 # --- inductor_cache_dir ------------------------------------------------------------------------------
@@ -247,3 +256,75 @@ def test_triton_root_leaves_inductor_kernels_to_fx_entries(tmp_path: Path) -> No
     assert skipped == []
     # The inductor root keeps its own rules: a triton_* name there is an ordinary file.
     assert len(FileRoot("inductor", tmp_path).collect(set())[0]) == 4
+
+
+# --- kernels still being built, and truncated ones ---------------------------------------------------
+
+
+def a_real_shared_object() -> bytes:
+    """A real .so from this Python (an extension module), so the ELF check meets a linker's output."""
+    import _ctypes
+
+    return Path(_ctypes.__file__).read_bytes()
+
+
+def test_elf_check_accepts_whole_files_and_names_cut_ones() -> None:
+    real = a_real_shared_object()
+    assert elf_problem("k.so", real) is None
+    assert elf_problem("k.so", elf()) is None
+    for cut in (real[: len(real) // 2], real[:100], real[:10], b""):
+        assert elf_problem("ab/k.so", cut) is not None, len(cut)
+    assert elf_problem("ab/k.so", b"not elf") == "not an ELF file (7 bytes)"
+    assert elf_problem("ab/k.cpp", b"int x;") is None  # only ELF files are checked
+    assert elf_problem("ab/k.bin", real[:1000]) is not None  # ... recognised by their magic too
+
+
+def test_collect_skips_a_truncated_kernel(root: FileRoot) -> None:
+    real = a_real_shared_object()
+    write(root.path / "ab" / "whole.so", real)
+    write(root.path / "ab" / "cut.so", real[: len(real) // 3])
+    entries, skipped = root.collect(set())
+    assert [e.name for e in entries] == ["ab/whole.so"]
+    assert len(skipped) == 1 and skipped[0].startswith("ab/cut.so: truncated ELF file"), skipped
+
+
+def hold_torch_lock(lock: Path, seconds: float, then: Any = None) -> threading.Thread:
+    """Hold ``lock`` the way torch's FileLock does (an exclusive flock) in a thread, as a build would."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def release() -> None:
+        time.sleep(seconds)
+        if then is not None:
+            then()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    return thread
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_collect_waits_for_a_build_in_progress_under_torchs_lock(root: FileRoot) -> None:
+    """Another process sharing the directory is mid-build (its g++ writes straight into the cache, under
+    ``locks/<key>.lock``): the collector waits for the lock and reads the finished file, not a prefix."""
+    real = a_real_shared_object()
+    kernel = write(root.path / "ab" / "ckey.main.so", real[:100])  # what a reader sees mid-build
+    thread = hold_torch_lock(root.path / "locks" / "ckey.lock", 0.5, then=lambda: kernel.write_bytes(real))
+    start = time.monotonic()
+    entries, skipped = root.collect(set())
+    thread.join()
+    assert time.monotonic() - start >= 0.4  # it waited for the lock ...
+    assert [(e.name, e.data == real) for e in entries] == [("ab/ckey.main.so", True)], skipped  # ... and got it whole
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_collect_gives_up_on_a_build_that_holds_the_lock_too_long(root: FileRoot) -> None:
+    write(root.path / "ab" / "ckey.so", elf())
+    thread = hold_torch_lock(root.path / "locks" / "ckey.lock", 1.0)
+    entries, skipped = root.collect(set(), lock_wait=0.2)
+    thread.join()
+    assert not entries
+    assert skipped == ["ab/ckey.so: still being built by another process after 0.2 s"]

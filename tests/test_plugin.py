@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import S3Server, free_port
+from .conftest import S3Server, fake_elf, free_port
 
 PLAIN_TEST = "def test_ok():\n    assert True\n"
 # A session that imports torch starts the restore (without compiling anything).
@@ -162,7 +162,7 @@ def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest
     key = compute().key
     folder = store.joinpath("pytest-megacache", "main", *key.split("/"))
     folder.mkdir(parents=True)
-    blob = bundlemod.encode(Entries([Entry("file/inductor", "ab/cabc.so", b"\x7fELF-kernel", 0o755)]), key)
+    blob = bundlemod.encode(Entries([Entry("file/inductor", "ab/cabc.so", fake_elf(b"-kernel"), 0o755)]), key)
     (folder / "20260101T000000-1-abcdef.mcb").write_bytes(blob)
     pytester.makepyfile(textwrap.dedent(
         """
@@ -176,8 +176,41 @@ def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest
     assert result.ret == 0
     result.stdout.fnmatch_lines(["restored 1/1 objects*1 files written*"])
     kernel = Path(inductor, "ab", "cabc.so")
-    assert kernel.read_bytes() == b"\x7fELF-kernel"
+    assert kernel.read_bytes() == fake_elf(b"-kernel")
     assert kernel.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_truncated_kernel_file_in_a_bundle_is_refused_not_written(pytester: pytest.Pytester,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .so cut short (collected mid-build by an older version) would make the import fail with "file too
+    short": it is not written, the session warns once, and Inductor rebuilds the kernel."""
+    from pytest_megacache import bundle as bundlemod
+    from pytest_megacache.bundle import Entries, Entry
+    from pytest_megacache.fingerprint import compute
+
+    inductor = pytester.path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    store = pytester.path / "store"
+    key = compute().key
+    folder = store.joinpath("pytest-megacache", "main", *key.split("/"))
+    folder.mkdir(parents=True)
+    whole = fake_elf(b"-kernel")
+    cut = bytearray(fake_elf(bytes(200)))
+    cut[0x28:0x30] = (180).to_bytes(8, "little")  # section headers declared at 180 (+ 1 x 64 bytes) ...
+    cut[0x3A:0x3E] = (64).to_bytes(2, "little") + (1).to_bytes(2, "little")
+    entries = Entries([Entry("file/inductor", "ab/cwhole.so", whole, 0o755),
+                       Entry("file/inductor", "cd/ccut.so", bytes(cut[:200]), 0o755)])  # ... but it ends at 200
+    (folder / "20260101T000000-1-abcdef.mcb").write_bytes(bundlemod.encode(entries, key))
+    pytester.makepyfile("import torch\n\ndef test_ok():\n    assert True\n")
+    result = pytester.runpytest_subprocess("--megacache-dir", str(store), "--megacache-mode", "read",
+                                           "--megacache-report", "report.json")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*1 restored kernel files were incomplete and not written*cd/ccut.so: truncated ELF*"])
+    assert Path(inductor, "ab", "cwhole.so").read_bytes() == whole
+    assert not Path(inductor, "cd", "ccut.so").exists()
+    report = json.loads((pytester.path / "report.json").read_text())
+    assert report["restore"]["files_written"] == 1
+    assert report["restore"]["files_refused"] == ["cd/ccut.so: truncated ELF file (200 of at least 244 bytes)"]
 
 
 def test_a_session_that_never_imports_torch_restores_nothing(pytester: pytest.Pytester) -> None:
