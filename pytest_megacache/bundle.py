@@ -146,6 +146,9 @@ class Entries:
     def __len__(self) -> int:
         return len(self._items)
 
+    def get(self, ident: tuple[str, str]) -> Entry | None:
+        return self._items.get(ident)
+
     def idents(self) -> set[tuple[str, str]]:
         return set(self._items)
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import bundle as bundlemod
-from .bundle import Entries, Limits
+from .bundle import Entries, Entry, Limits
 from .errors import BundleError, StoreError
 from .files import FileRoot
 from .stores import ObjectInfo, Store, new_object_name
@@ -65,6 +65,7 @@ class UploadStats:
     raw_bytes: int = 0
     compacted: int = 0  # objects merged into the uploaded one and then deleted
     files_skipped: list[str] = field(default_factory=list)
+    profiles_merged: int = 0  # dynamic-shape profiles that xdist workers grew apart, merged as torch does
     seconds: float = 0.0
 
 
@@ -393,8 +394,39 @@ class CacheSession:
                 return True
         return False
 
+    def merge_worker_profiles(self, copies: Mapping[tuple[str, str], Sequence[Entry]], timeout: float,
+                              merge: Callable[[bytes | None, Sequence[bytes], float], bytes | None] | None = None,
+                              ) -> Entries:
+        """One profile per key from the copies xdist workers handed over (each grew the restored one with
+        its own frames): merged as torch merges them, or nothing when they add nothing to the restored one."""
+        from .pgo import ProfileMergeError, merge_profiles
+
+        merge = merge or merge_profiles
+        out = Entries()
+        for ident, entries in copies.items():
+            base = self.restored.get(ident)
+            base_data = base.data if base is not None else None
+            distinct = list(dict.fromkeys(e.data for e in entries if e.data != base_data))
+            if not distinct:
+                continue
+            if len(distinct) == 1 and base_data is None:
+                out.add(Entry(ident[0], ident[1], distinct[0]))
+                continue
+            try:
+                merged = merge(base_data, distinct, max(timeout, 60.0))  # a child imports torch
+            except ProfileMergeError as exc:
+                self.problem(f"could not merge the xdist workers' dynamic-shape profiles ({exc}); keeping the "
+                             "newest, so some functions may compile static first in the next run")
+                out.add(entries[-1])
+                continue
+            self.upload_stats.profiles_merged += 1
+            if merged is not None:
+                out.add(Entry(ident[0], ident[1], merged))
+        return out
+
     def finish(self, adapter: TorchAdapter | None, timeout: float, *,
-               workers: Sequence[Mapping[str, Any]] = (), worker_entries: Entries | None = None) -> None:
+               workers: Sequence[Mapping[str, Any]] = (), worker_entries: Entries | None = None,
+               worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None = None) -> None:
         """Record torch's counters, then upload what is new (this process's and its xdist workers')."""
         self.account(adapter, workers)
         up = self.upload_stats
@@ -415,6 +447,8 @@ class CacheSession:
         session = self.collect(adapter) if adapter is not None else Entries()
         if worker_entries is not None:
             session.merge(worker_entries)
+        if worker_profiles:
+            session.merge(self.merge_worker_profiles(worker_profiles, timeout))
         up.session_entries = len(session)
         new = session.minus(self.restored)  # a profile that changed under its key counts as new
         up.new_entries = new.counts()

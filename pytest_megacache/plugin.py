@@ -24,7 +24,7 @@ from .settings import OPTIONS, Settings, SettingsError, resolve
 from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, PostImportHook, TorchAdapter, counter_sum, disable_precompiled_headers
 
 if TYPE_CHECKING:
-    from .bundle import Entries
+    from .bundle import Entries, Entry
     from .core import CacheSession
     from .files import FileRoot
 
@@ -95,6 +95,7 @@ class MegacachePlugin:
         self.selection: str | None = None
         self.worker_outputs: list[dict[str, Any]] = []
         self.worker_entries: Entries | None = None
+        self.worker_profiles: dict[tuple[str, str], list[Entry]] = {}
         self.lost_workers: list[str] = []
         self.single_thread = False
         self._meta: dict[str, object] = {}
@@ -314,7 +315,7 @@ class MegacachePlugin:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """xdist controller: take over what a worker compiled."""
         from . import xdist
-        from .bundle import Entries
+        from .bundle import MUTABLE_KINDS, Entries
 
         if self.session is None or self.fingerprint is None:
             return
@@ -328,7 +329,11 @@ class MegacachePlugin:
                                  f"({error or 'no output'}); only its new artifacts are lost")
             return
         try:
-            self.worker_entries.merge(xdist.take_over(output, self.fingerprint.key))
+            for entry in xdist.take_over(output, self.fingerprint.key):
+                if entry.kind in MUTABLE_KINDS:  # every worker's copy of a profile: merged at the end
+                    self.worker_profiles.setdefault(entry.ident, []).append(entry)
+                else:
+                    self.worker_entries.add(entry)
         except (OSError, BundleError) as exc:
             self.session.problem(f"xdist worker {worker}'s artifacts were refused: {exc}")
         self.worker_outputs.append(output)
@@ -385,7 +390,8 @@ class MegacachePlugin:
             else:
                 self.session.finish(self.adapter if self.role == "solo" else None, self.settings.timeout,
                                     workers=[o.get("torch", {}) for o in self.worker_outputs],
-                                    worker_entries=self.worker_entries if self.role == "controller" else None)
+                                    worker_entries=self.worker_entries if self.role == "controller" else None,
+                                    worker_profiles=self.worker_profiles)
                 self._check_unused()
             stats = self.session.stats()
             stats["torch"]["single_compile_thread"] = self.single_thread
@@ -435,9 +441,8 @@ class MegacachePlugin:
         output: dict[str, Any] = {"torch": {k: v for k, v in asdict(ts).items() if k != "layers"},
                                   "selection": self.selection, "restore": asdict(cs.restore_stats)}
         if ts.compiled and self.settings.writes:
-            # By ident only: a worker's grown profile (pgo) holds just the frames that worker saw, and
-            # profiles cannot be merged without unpickling them; the controller keeps the restored one.
-            new = cs.collect(self.adapter).minus(cs.restored.idents())
+            # A profile (pgo) this worker grew counts as new too: the controller merges the workers' copies.
+            new = cs.collect(self.adapter).minus(cs.restored)
             try:
                 output.update(xdist.hand_over(self.stage_dir, self.worker_id, new, self.fingerprint.key))
             except (OSError, BundleError) as exc:

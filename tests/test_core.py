@@ -6,6 +6,7 @@ the real thing); the store is the in-memory reference store or a real local dire
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,76 @@ def test_a_changed_dynamic_shape_profile_is_uploaded_and_the_newest_wins(tmp_pat
     third_session, third = go("three", b"dynamic-v2")
     assert ("pgo", "job1", b"dynamic-v2") in third.loaded[0]  # the newer object's profile replaced the older
     assert third_session.upload_stats.reason == "nothing new"
+
+
+# --- xdist workers' copies of a dynamic-shape profile ------------------------------------------------
+PGO = ("torch/pgo", "megacache-job:None:")
+
+
+def restored_with_profile(tmp_path: Path, data: bytes | None) -> CacheSession:
+    s = session(MemoryStore(), tmp_path, "pgo")
+    if data is not None:
+        s.restored = bundlemod.Entries([bundlemod.Entry(*PGO, data)])
+    return s
+
+
+def test_worker_profiles_equal_to_the_restored_one_need_no_merge(tmp_path: Path) -> None:
+    s = restored_with_profile(tmp_path, b"P")
+    calls: list[Any] = []
+    out = s.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"P")] * 2}, 5,
+                                  merge=lambda *a: calls.append(a))  # type: ignore[func-returns-value]
+    assert not out and not calls and s.upload_stats.profiles_merged == 0
+
+
+def test_a_single_new_profile_is_taken_as_it_is(tmp_path: Path) -> None:
+    s = restored_with_profile(tmp_path, None)
+    out = s.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"A"), bundlemod.Entry(*PGO, b"A")]}, 5,
+                                  merge=lambda *a: pytest.fail("no merge needed"))
+    assert [e.data for e in out] == [b"A"]
+
+
+def test_copies_that_differ_are_merged_with_the_restored_one_as_base(tmp_path: Path) -> None:
+    s = restored_with_profile(tmp_path, b"P")
+    seen: list[tuple[bytes | None, list[bytes]]] = []
+
+    def merge(base: bytes | None, copies: Any, timeout: float) -> bytes:
+        seen.append((base, list(copies)))
+        return b"P+A+B"
+
+    copies = {PGO: [bundlemod.Entry(*PGO, d) for d in (b"P+A", b"P", b"P+B", b"P+A")]}
+    out = s.merge_worker_profiles(copies, 5, merge=merge)
+    assert seen == [(b"P", [b"P+A", b"P+B"])]  # distinct copies that differ from the base, in order
+    assert [e.data for e in out] == [b"P+A+B"] and s.upload_stats.profiles_merged == 1
+
+
+def test_a_merge_that_adds_nothing_uploads_nothing(tmp_path: Path) -> None:
+    s = restored_with_profile(tmp_path, b"P")
+    out = s.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"P'")]}, 5, merge=lambda *a: None)
+    assert not out and s.upload_stats.profiles_merged == 1
+
+
+def test_a_failed_merge_warns_and_keeps_the_newest_copy(tmp_path: Path) -> None:
+    from pytest_megacache.pgo import ProfileMergeError
+
+    def merge(*a: Any) -> bytes:
+        raise ProfileMergeError("no torch here")
+
+    s = restored_with_profile(tmp_path, None)
+    out = s.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"A"), bundlemod.Entry(*PGO, b"B")]}, 5, merge=merge)
+    assert [e.data for e in out] == [b"B"]
+    [problem] = s.new_problems()
+    assert "could not merge the xdist workers' dynamic-shape profiles (no torch here)" in problem
+
+
+def test_profile_merge_errors_are_bounded_and_named(tmp_path: Path) -> None:
+    from pytest_megacache.pgo import ProfileMergeError, merge_profiles
+
+    with pytest.raises(ProfileMergeError, match="could not start"):
+        merge_profiles(None, [b"x"], python=str(tmp_path / "no-python"))
+    slow = tmp_path / "slow-python"
+    slow.write_text("#!/bin/sh\nsleep 5\n")
+    slow.chmod(0o755)
+    with pytest.raises(ProfileMergeError, match=r"over 0\.3 s"):
+        merge_profiles(None, [b"x"], timeout=0.3, python=str(slow))
+    with pytest.raises(ProfileMergeError):  # not a profile: the child fails, its last line is the reason
+        merge_profiles(None, [b"not a pickle"], python=sys.executable)

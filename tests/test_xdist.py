@@ -155,3 +155,54 @@ def test_four_sessions_at_once_then_a_warm_one_hits_everything(tmp_path: Path, s
     counters = report["torch"]["counters"]
     assert counters["fxgraph_cache_miss"] == 0 and counters["fxgraph_cache_hit"] == 4, counters
     assert report["restore"]["objects_used"] == 4
+
+
+DYNAMIC_PAIR = textwrap.dedent("""
+    import pytest
+    import torch
+
+    @torch.compile
+    def f(x):
+        return torch.sin(x) + x.sum()
+
+    @torch.compile
+    def g(x):
+        return torch.cos(x) * x.mean()
+
+    @pytest.mark.xdist_group("f")
+    def test_f_two_shapes():
+        assert f(torch.zeros(4)).shape == (4,)
+        assert f(torch.zeros(9)).shape == (9,)
+
+    @pytest.mark.xdist_group("g")
+    def test_g_two_shapes():
+        assert g(torch.zeros(5)).shape == (5,)
+        assert g(torch.zeros(11)).shape == (11,)
+    """)
+
+
+def test_xdist_workers_dynamic_shape_profiles_are_merged_not_replaced(pytester: pytest.Pytester,
+                                                                       tmp_path: Path) -> None:
+    """Each worker records its own frames in the one dynamic-shape profile (one key per job): the controller
+    merges them the way torch merges profiles, so a warm run compiles each function once, dynamic at once,
+    whichever worker runs it. Keeping one worker's profile made the other function compile static, miss,
+    and recompile in every warm run (seen on the H100 benchmark)."""
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=DYNAMIC_PAIR)
+    args = ("-n", "2", "--dist", "loadgroup", "-v")
+    cold = project.run(*args)
+    cold.result.assert_outcomes(passed=2)
+    workers = {line.split("]")[0] for line in cold.result.outlines if "PASSED" in line and line.startswith("[gw")}
+    assert len(workers) == 2, cold.result.outlines  # the precondition: the two tests ran on two workers
+    assert cold.report is not None
+    assert cold.report["torch"]["compiles"] == 4  # each: static first, then a dynamic recompile
+    assert cold.report["upload"]["new_entries"].get("torch/pgo") == 1
+    assert cold.report["upload"]["profiles_merged"] == 1, cold.report["upload"]  # two copies, one merge
+
+    # Twice, so the second also shows that an unchanged profile is never uploaded again.
+    for _ in range(2):
+        warm = project.run(*args)
+        warm.result.assert_outcomes(passed=2)
+        assert warm.report is not None
+        assert warm.report["torch"]["compiles"] == 2, warm.report["torch"]  # dynamic at once, both functions
+        assert warm.fx_misses == 0, warm.counters
+        assert warm.report["upload"]["reason"] == "nothing new", warm.report["upload"]
