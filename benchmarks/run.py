@@ -64,7 +64,8 @@ WARM_COLD_TARGET = {"cuda": 0.05, "cpu": 0.2}
 WARM_HOT_TARGET = 1.10
 MOVED_RAW_TARGET = 0.15
 IDLE_TARGET_MS = 100.0
-MODE_COLORS = ["#c0392b", "#27ae60", "#16a085", "#1abc9c", "#2980b9", "#8e44ad", "#e67e22", "#f1c40f"]
+MODE_COLORS = {"cold": "#c0392b", "warm": "#27ae60", "warm-auto": "#16a085", "warm-keep": "#1abc9c", "hot": "#2980b9",
+               "naive": "#8e44ad", "cold-xdist": "#e67e22", "warm-xdist": "#f1c40f"}  # one color per mode
 
 
 def say(message: str) -> None:
@@ -789,7 +790,7 @@ def plot(out: Path, results: dict[str, Any], runs: list[Run], env: dict[str, Any
             lows.append(m - min(vals) if vals else 0.0)
             highs.append(max(vals) - m if vals else 0.0)
         bars = ax.bar(modes, meds, yerr=[lows, highs], capsize=4,
-                      color=MODE_COLORS[: len(modes)])
+                      color=[MODE_COLORS.get(m, "#7f8c8d") for m in modes])
         for bar, m in zip(bars, meds, strict=True):
             ax.annotate(f"{m:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                         fontsize=8)

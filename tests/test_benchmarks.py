@@ -1,0 +1,75 @@
+"""The benchmark's own arithmetic (benchmarks/run.py): ratios, targets and the xdist one-download check,
+on hand-made run records, so a wrong PASS cannot hide in the published tables. No torch, no server."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("megacache_bench_run", ROOT / "benchmarks" / "run.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def runs(bench: ModuleType, downloads: float) -> list:  # type: ignore[type-arg]
+    def r(mode: str, compile_s: float, rep: int = 0, **kw: object) -> object:
+        return bench.Run("wl", mode, rep, ok=True, wall=compile_s + 5, compile_seconds=compile_s, fx_hit=1, fx_miss=0,
+                         aot_hit=1, aot_miss=0, **kw)
+
+    out = []
+    for rep, cold in enumerate((40.0, 50.0, 60.0)):  # median cold 50
+        out += [r("cold", cold, rep, upload_bytes=100, upload_raw_bytes=1000),
+                r("warm", 4.0 + rep, rep, bytes_moved=90),  # median warm 5
+                r("hot", 5.0, rep),
+                r("naive", 5.0, rep, bytes_moved=120, extra={"pack_seconds": 0.1, "unpack_seconds": 0.2}),
+                r("cold-xdist", 50.0, rep, upload_bytes=100, upload_raw_bytes=1000),
+                r("warm-xdist", 2.5, rep, bytes_moved=int(100 * downloads),
+                  extra={"bucket_objects": 1, "bucket_bytes": 100, "downloads": downloads})]
+    return out
+
+
+def test_ratios_are_of_medians_and_targets_are_checked(bench: ModuleType) -> None:
+    wl = bench.Workload("wl", ROOT, [], ROOT / "pyproject.toml", "cpu")
+    lines, summary = bench.workload_tables(wl, runs(bench, 1.0), 3)
+    ratios = summary["ratios"]
+    assert ratios["warm/cold compile"] == pytest.approx(5 / 50)
+    assert ratios["warm/hot compile"] == pytest.approx(5 / 5)
+    assert ratios["warm bytes moved / raw"] == pytest.approx(90 / 1000)
+    assert ratios["warm bytes moved / naive tar.zst"] == pytest.approx(90 / 120)
+    assert ratios["warm-xdist bytes fetched / bytes stored"] == 1.0
+    assert ratios["warm-xdist/cold-xdist compile"] == pytest.approx(2.5 / 50)
+    text = "\n".join(lines)
+    assert "| warm/cold compile | 0.100 | <= 0.2 (cpu) | PASS |" in text
+    assert "| 1.000 | 1 (one download for all workers) | PASS |" in text
+    assert "| cold | 3/3 | 55.00 [45.00-65.00] | 50.00 [40.00-60.00] |" in text
+
+
+def test_workers_downloading_on_their_own_fail_the_xdist_check(bench: ModuleType) -> None:
+    wl = bench.Workload("wl", ROOT, [], ROOT / "pyproject.toml", "cuda")
+    lines, summary = bench.workload_tables(wl, runs(bench, 2.0), 3)
+    assert summary["ratios"]["warm-xdist bytes fetched / bytes stored"] == 2.0
+    text = "\n".join(lines)
+    assert "| 2.000 | 1 (one download for all workers) | MISS |" in text
+    assert "| warm/cold compile | 0.100 | <= 0.05 (cuda) | MISS |" in text  # the GPU bound is the tighter one
+
+
+def test_synthetic_functions_are_distinct_graphs(bench: ModuleType) -> None:
+    source = bench.synthetic_source(12, "cpu")
+    namespace: dict[str, object] = {}
+    exec(compile(source, "test_synthetic.py", "exec"), namespace)  # our own generated module
+    tests = [n for n in namespace if n.startswith("test_f_")]
+    assert len(tests) == 12
+    bodies = [source.split(f"def f_{i}(x):")[1].split("def test_")[0] for i in range(12)]
+    assert len(set(bodies)) == 12  # each function has its own graph (its own FX key and kernel)
