@@ -7,6 +7,7 @@ plugin's report alone.
 from __future__ import annotations
 
 import subprocess
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,3 +242,36 @@ def test_full_disk_store_warns_and_keeps_the_session_green(pytester: pytest.Pyte
     run.result.stdout.fnmatch_lines(["*MegacacheWarning: upload: cannot write*No space left on device*"])
     assert run.report and run.report["upload"]["reason"] == "upload failed"
     assert not list(tiny_disk.rglob("*.mcb")) and not list(tiny_disk.rglob(".tmp-*"))
+
+
+BUCKET_VANISHES = textwrap.dedent("""
+    import os
+
+    import boto3
+    import torch
+
+    def test_compiles_then_the_bucket_goes_away():
+        assert torch.compile(lambda x: torch.sin(x) * 3)(torch.zeros(2)).sum() == 0
+        s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"])
+        s3.delete_bucket(Bucket=os.environ["MEGACACHE_BUCKET"])  # empty: a cold run stored nothing yet
+    """)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_upload_failure_warns_and_only_strict_mode_fails_the_session(pytester: pytest.Pytester,
+                                                                       s3_server: S3Server, strict: bool) -> None:
+    """The restore works, the tests pass, then the upload fails (the bucket is gone): one warning and a
+    green session; with --megacache-strict the same session fails, and says why."""
+    bucket = s3_server.new_bucket()
+    project = TorchProject(pytester, env={**s3_server.env(), "MEGACACHE_BUCKET": bucket}, tests=BUCKET_VANISHES)
+    run = project.run(*(["--megacache-strict"] if strict else []))
+    run.result.assert_outcomes(passed=1)
+    assert run.report is not None
+    assert run.report["upload"]["attempted"] and run.report["upload"]["reason"] == "upload failed"
+    [problem] = run.report["problems"]
+    assert "upload" in problem and "NoSuchBucket" in problem, problem
+    if strict:
+        assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+        run.result.stdout.fnmatch_lines(["*megacache strict: 1 cache problem(s) fail this session*"])
+    else:
+        assert run.result.ret == pytest.ExitCode.OK
