@@ -34,7 +34,7 @@ LOCK_WAIT_SECONDS = 30.0
 _ELF_SUFFIXES = (".so", ".o")
 # In TRITON_CACHE_DIR, Inductor's own kernels (named triton_<kind>_...) travel inside FX-graph entries
 # already; only the rest (user @triton.jit kernels, Triton's compiled launcher/driver modules) is carried.
-_INDUCTOR_KERNEL = re.compile(r"^(__grp__)?triton_(poi|red|per|tem|for|spl|mm|bmm|sca|unk|helper)_")
+_INDUCTOR_KERNEL = re.compile(r"^(__grp__)?triton_(poi|red|per|tem|for|spl|mm|bmm|sca|unk|helper)[_.]")
 
 
 def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:

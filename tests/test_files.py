@@ -250,12 +250,16 @@ def test_triton_root_leaves_inductor_kernels_to_fx_entries(tmp_path: Path) -> No
     inductor.mkdir()
     (inductor / "triton_poi_fused_add_0.cubin").write_bytes(b"cubin")
     (inductor / "__grp__triton_poi_fused_add_0.json").write_text("{}")
+    candidate = tmp_path / "CCCCAUTOTUNECANDIDATE"  # max-autotune's benchmark choices: "triton_mm", no suffix
+    candidate.mkdir()
+    (candidate / "triton_mm.cubin").write_bytes(b"cubin")
+    (candidate / "__grp__triton_mm.json").write_text("{}")
     entries, skipped = root.collect(set())
     assert sorted(e.name for e in entries) == ["AAAAUSERHASH/__grp__fused_bias_gelu.json",
                                                "AAAAUSERHASH/fused_bias_gelu.cubin"]
     assert skipped == []
     # The inductor root keeps its own rules: a triton_* name there is an ordinary file.
-    assert len(FileRoot("inductor", tmp_path).collect(set())[0]) == 4
+    assert len(FileRoot("inductor", tmp_path).collect(set())[0]) == 6
 
 
 # --- kernels still being built, and truncated ones ---------------------------------------------------
