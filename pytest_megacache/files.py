@@ -28,8 +28,9 @@ _EXCLUDED_NAME = re.compile(r"(^\.|^tmp|\.lock$|\.tmp|~$)")
 MAX_FILE_BYTES = 256 << 20
 # Inductor builds a kernel's .so with g++ writing straight into the cache directory, under an flock on
 # ``locks/<key>.lock``; another process sharing the directory (an xdist worker, a second session) may be
-# mid-build when this one collects. The collector takes the same lock (shared) before reading, at most
-# this long per file, and never carries an ELF file shorter than its own headers say.
+# mid-build when this one collects. The collector takes the same lock (shared) before reading, waiting at
+# most this long in all (per collect, not per file), and never carries an ELF file shorter than its
+# own headers say.
 LOCK_WAIT_SECONDS = 30.0
 _ELF_SUFFIXES = (".so", ".o")
 # In TRITON_CACHE_DIR, Inductor's own kernels (named triton_<kind>_...) travel inside FX-graph entries
@@ -155,7 +156,11 @@ class FileRoot:
         return out
 
     def collect(self, before: set[str], lock_wait: float = LOCK_WAIT_SECONDS) -> tuple[Entries, list[str]]:
-        """Entries for the files added since ``before``; also the paths skipped and why."""
+        """Entries for the files added since ``before``; also the paths skipped and why.
+
+        Waits for builds in progress at most ``lock_wait`` seconds in all; after that, a file whose
+        build lock is taken is skipped (its kernel is rebuilt by whoever misses it)."""
+        deadline = time.monotonic() + lock_wait
         entries = Entries()
         skipped: list[str] = []
         new = sorted(self.snapshot() - before)
@@ -177,7 +182,7 @@ class FileRoot:
                 if st.st_size > MAX_FILE_BYTES:
                     skipped.append(f"{rel}: {st.st_size} bytes")
                     continue
-                data = _read_under_torch_lock(self.path, rel, lock_wait)
+                data = _read_under_torch_lock(self.path, rel, max(0.0, deadline - time.monotonic()))
             except OSError as exc:
                 skipped.append(f"{rel}: {exc.strerror or exc}")
                 continue

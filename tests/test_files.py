@@ -332,3 +332,19 @@ def test_collect_gives_up_on_a_build_that_holds_the_lock_too_long(root: FileRoot
     thread.join()
     assert not entries
     assert skipped == ["ab/ckey.so: still being built by another process after 0.2 s"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_the_lock_wait_is_one_budget_for_the_whole_collect(root: FileRoot) -> None:
+    """Many kernels locked by a long build elsewhere cost the session lock_wait once, not once per file."""
+    threads = []
+    for i in range(5):
+        write(root.path / "ab" / f"ck{i}.so", elf())
+        threads.append(hold_torch_lock(root.path / "locks" / f"ck{i}.lock", 1.5))
+    start = time.monotonic()
+    entries, skipped = root.collect(set(), lock_wait=0.3)
+    took = time.monotonic() - start
+    for thread in threads:
+        thread.join()
+    assert not entries and len(skipped) == 5
+    assert took < 1.2, took  # one 0.3 s budget; 5 x 0.3 s would be 1.5 s (the locks are held 1.5 s)
