@@ -18,6 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
 from .bundle import FILE_PREFIX, Entries, Entry, validate_file_path
 from .errors import BundleError
 
@@ -99,13 +104,10 @@ def _read_under_torch_lock(root: Path, rel: str, timeout: float) -> bytes | None
     """The file's bytes, read while holding (shared) the flock Inductor builds it under, if it has one.
     None when the lock stays taken past ``timeout`` (a build still running elsewhere)."""
     key = rel.rsplit("/", 1)[-1].split(".", 1)[0]
-    lock = root / "locks" / f"{key}.lock"
     try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: no flock, read as is
-        return (root / rel).read_bytes()
-    try:
-        fd = os.open(lock, os.O_RDONLY)
+        if fcntl is None:  # pragma: no cover - Windows: no flock, read as is
+            raise OSError("no flock")
+        fd = os.open(root / "locks" / f"{key}.lock", os.O_RDONLY)
     except OSError:  # no lock file: nothing of Inductor's builds this file
         return (root / rel).read_bytes()
     try:

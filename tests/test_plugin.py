@@ -6,6 +6,7 @@ import json
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,11 +150,11 @@ def test_missing_or_old_torch_warns_once(pytester: pytest.Pytester, monkeypatch:
                                  f"*MegacacheWarning: pytest-megacache is inactive: {expected}*"])
 
 
-def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest.Pytester,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stored file entry lands in TORCHINDUCTOR_CACHE_DIR before tests run (no compile needed to check)."""
+def bundle_in_a_directory_store(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                entries: list[Any]) -> tuple[Path, Path]:
+    """One object holding ``entries`` for this environment's fingerprint in a directory store, and
+    TORCHINDUCTOR_CACHE_DIR pointed at a fresh folder. Returns (that folder, the store)."""
     from pytest_megacache import bundle as bundlemod
-    from pytest_megacache.bundle import Entries, Entry
     from pytest_megacache.fingerprint import compute
 
     inductor = pytester.path / "inductor"
@@ -162,8 +163,17 @@ def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest
     key = compute().key
     folder = store.joinpath("pytest-megacache", "main", *key.split("/"))
     folder.mkdir(parents=True)
-    blob = bundlemod.encode(Entries([Entry("file/inductor", "ab/cabc.so", fake_elf(b"-kernel"), 0o755)]), key)
-    (folder / "20260101T000000-1-abcdef.mcb").write_bytes(blob)
+    (folder / "20260101T000000-1-abcdef.mcb").write_bytes(bundlemod.encode(bundlemod.Entries(entries), key))
+    return inductor, store
+
+
+def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored file entry lands in TORCHINDUCTOR_CACHE_DIR before tests run (no compile needed to check)."""
+    from pytest_megacache.bundle import Entry
+
+    inductor, store = bundle_in_a_directory_store(pytester, monkeypatch,
+                                                  [Entry("file/inductor", "ab/cabc.so", fake_elf(b"-kernel"), 0o755)])
     pytester.makepyfile(textwrap.dedent(
         """
         import torch
@@ -184,23 +194,15 @@ def test_a_truncated_kernel_file_in_a_bundle_is_refused_not_written(pytester: py
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A .so cut short (collected mid-build by an older version) would make the import fail with "file too
     short": it is not written, the session warns once, and Inductor rebuilds the kernel."""
-    from pytest_megacache import bundle as bundlemod
-    from pytest_megacache.bundle import Entries, Entry
-    from pytest_megacache.fingerprint import compute
+    from pytest_megacache.bundle import Entry
 
-    inductor = pytester.path / "inductor"
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
-    store = pytester.path / "store"
-    key = compute().key
-    folder = store.joinpath("pytest-megacache", "main", *key.split("/"))
-    folder.mkdir(parents=True)
     whole = fake_elf(b"-kernel")
     cut = bytearray(fake_elf(bytes(200)))
     cut[0x28:0x30] = (180).to_bytes(8, "little")  # section headers declared at 180 (+ 1 x 64 bytes) ...
     cut[0x3A:0x3E] = (64).to_bytes(2, "little") + (1).to_bytes(2, "little")
-    entries = Entries([Entry("file/inductor", "ab/cwhole.so", whole, 0o755),
-                       Entry("file/inductor", "cd/ccut.so", bytes(cut[:200]), 0o755)])  # ... but it ends at 200
-    (folder / "20260101T000000-1-abcdef.mcb").write_bytes(bundlemod.encode(entries, key))
+    inductor, store = bundle_in_a_directory_store(pytester, monkeypatch, [
+        Entry("file/inductor", "ab/cwhole.so", whole, 0o755),
+        Entry("file/inductor", "cd/ccut.so", bytes(cut[:200]), 0o755)])  # ... but it ends at 200
     pytester.makepyfile("import torch\n\ndef test_ok():\n    assert True\n")
     result = pytester.runpytest_subprocess("--megacache-dir", str(store), "--megacache-mode", "read",
                                            "--megacache-report", "report.json")
