@@ -399,7 +399,7 @@ class CacheSession:
                               ) -> Entries:
         """One profile per key from the copies xdist workers handed over (each grew the restored one with
         its own frames): merged as torch merges them, or nothing when they add nothing to the restored one."""
-        from .pgo import ProfileMergeError, merge_profiles
+        from .pgo import MERGE_TIMEOUT, ProfileMergeError, merge_profiles
 
         merge = merge or merge_profiles
         out = Entries()
@@ -413,7 +413,7 @@ class CacheSession:
                 out.add(Entry(ident[0], ident[1], distinct[0]))
                 continue
             try:
-                merged = merge(base_data, distinct, max(timeout, 60.0))  # a child imports torch
+                merged = merge(base_data, distinct, max(timeout, MERGE_TIMEOUT))
             except ProfileMergeError as exc:
                 self.problem(f"could not merge the xdist workers' dynamic-shape profiles ({exc}); keeping the "
                              "newest, so some functions may compile static first in the next run")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from .errors import MegacacheError
 
-MERGE_TIMEOUT = 120.0
+MERGE_TIMEOUT = 60.0  # at least this long: the child imports torch
 
 # stdin: frames of <8-byte big-endian length><bytes>; the first frame is the base (empty: none).
 # stdout: b"S" when the merge equals the base, else b"M" + the merged pickle.
