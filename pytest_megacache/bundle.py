@@ -18,8 +18,16 @@ and decompresses with a hard output limit, so a decompression bomb or a path esc
 
 An object may be signed: the header then carries ``"sig": {"alg": "hmac-sha256", "kid": ..., "mac": ...}``,
 an HMAC-SHA256 over the canonical header (without ``sig``) and the payload's SHA-256 (see :func:`signature_input`).
-With verification keys, :func:`decode` checks the signature right after parsing the header and before the
-payload is decompressed: an unsigned or wrongly signed object is never decompressed.
+With verification keys, :func:`decode` checks the signature right after parsing the header JSON, before any
+other header field is interpreted and before the payload is decompressed: an unsigned or wrongly signed object
+is never interpreted, let alone decompressed.
+
+Whatever the bytes, :func:`decode` and :func:`decode_header` raise :class:`BundleError` (or its subclass
+:class:`SignatureError`) and nothing else. The header JSON is parsed strictly: ``NaN``/``Infinity``, integers
+outside the signed 64-bit range, floats that overflow to infinity, nesting deeper than ``MAX_HEADER_DEPTH``
+and strings that are not valid Unicode (lone surrogates) are refused. So every number anywhere in a decoded
+header, :attr:`Header.extra` included, is a finite ``float`` or an ``int`` that ``float()`` converts without
+overflow; ranges beyond that are the consumer's to check (see :func:`number`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import dataclasses
 import hashlib
 import hmac
 import json
+import math
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -37,12 +46,16 @@ import zstandard
 
 from . import torchfmt
 from .errors import BundleError
-from .keys import MIN_KEY_CHARS, SIGNING_KEY_ENV, parse_signing_keys  # noqa: F401 - re-exported
 
 MAGIC = b"PMCB"
 FORMAT_VERSION = 1
 PAYLOAD_MAGIC = b"PMCE"
 MAX_HEADER_BYTES = 64 * 1024
+# The strict header parser's bounds: nesting (the top-level object is depth 1), integers (signed 64-bit, so any
+# header integer converts to a float), and the ``created`` time (POSIX seconds, at most 9999-12-31T23:59:59Z).
+MAX_HEADER_DEPTH = 16
+MAX_HEADER_INT = (1 << 63) - 1
+MAX_CREATED = 253_402_300_799.0
 ZSTD_LEVEL = 3
 # Decompression reads the payload in chunks of this size (never more than the declared raw size + 1 in all).
 DECOMPRESS_CHUNK = 1 << 20
@@ -149,9 +162,6 @@ class Entries:
     def get(self, ident: tuple[str, str]) -> Entry | None:
         return self._items.get(ident)
 
-    def idents(self) -> set[tuple[str, str]]:
-        return set(self._items)
-
     def minus(self, idents: Iterable[tuple[str, str]] | Entries) -> Entries:
         """The entries not in ``idents``. Against another :class:`Entries`, a mutable kind's entry whose
         data changed under its ident counts as new too (a grown profile must be uploaded)."""
@@ -257,6 +267,14 @@ class Signature:
 
 @dataclass(frozen=True)
 class Header:
+    """A validated header. ``created`` is POSIX seconds in ``[0, MAX_CREATED]`` (0.0 when the field is absent).
+
+    ``extra`` is the writer's own data (every field the format does not reserve), passed through as parsed: its
+    values are JSON values of any shape, so a consumer must check each one's type (``isinstance``) and range
+    before using it. The strict parser guarantees only that numbers are finite (``float()`` of one never raises)
+    and that nesting is at most ``MAX_HEADER_DEPTH``; :func:`number` checks a value that should be a number.
+    """
+
     fingerprint: str
     payload_size: int
     raw_size: int
@@ -317,7 +335,9 @@ def encode(
     extra: Mapping[str, object] | None = None,
     signing_key: bytes | None = None,
 ) -> bytes:
-    """Serialize and compress ``entries`` into one object, signed with ``signing_key`` when one is given."""
+    """Serialize and compress ``entries`` into one object, signed with ``signing_key`` when one is given.
+
+    Raises ValueError (:class:`BundleError` for an unsafe entry) for what a decoder would refuse."""
     extra = dict(extra or {})
     clash = sorted(RESERVED_HEADER_FIELDS & set(extra))
     if clash:
@@ -336,10 +356,15 @@ def encode(
         created=round(time.time(), 3),
         extra=extra,
     )
+    # The header as a decoder will parse it back (a JSON round trip, through the same strict parser): an
+    # ``extra`` the decoder would refuse (NaN, a huge integer, deep nesting) is refused here, and the MAC is
+    # computed over what will be verified, so that values JSON cannot tell apart (a tuple and a list, say) sign
+    # and verify the same way.
+    try:
+        unsigned = _load_header_json(canonical_json(header.to_doc(with_signature=False)))
+    except BundleError as exc:
+        raise ValueError(f"extra header fields would not decode: {exc}") from None
     if signing_key is not None:
-        # The MAC is computed over the header as a decoder will parse it back (a JSON round trip), so that
-        # values JSON cannot tell apart (a tuple and a list, say) sign and verify the same way.
-        unsigned = json.loads(canonical_json(header.to_doc(with_signature=False)))
         sig = Signature(SIG_ALG, key_id(signing_key), _mac(signing_key, unsigned, digest))
         header = dataclasses.replace(header, signature=sig)
     header_json = header.to_json()
@@ -348,11 +373,90 @@ def encode(
     return MAGIC + bytes([FORMAT_VERSION]) + len(header_json).to_bytes(4, "big") + header_json + payload
 
 
+def number(value: object, lower: float = 0.0, upper: float = float(MAX_HEADER_INT)) -> float | None:
+    """``value`` as a float when it is a JSON number (an int or a float, not a bool) within ``[lower, upper]``,
+    else None: the safe way to read a number out of :attr:`Header.extra`, which holds whatever a writer put there.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        result = float(value)
+    except (OverflowError, ValueError):  # an int built outside the strict parser
+        return None
+    return result if math.isfinite(result) and lower <= result <= upper else None
+
+
+def _refuse_constant(name: str) -> object:
+    raise BundleError(f"bundle header holds {name}, which JSON does not allow")
+
+
+def _strict_int(text: str) -> int:
+    # Checked on the text first: int() of thousands of digits is slow, and past 4300 digits it raises ValueError.
+    if len(text.lstrip("-")) > len(str(MAX_HEADER_INT)):
+        raise BundleError("bundle header holds an integer out of range")
+    value = int(text)
+    if not -MAX_HEADER_INT - 1 <= value <= MAX_HEADER_INT:
+        raise BundleError("bundle header holds an integer out of range")
+    return value
+
+
+def _strict_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as inf
+        raise BundleError("bundle header holds a number out of range")
+    return value
+
+
+def _check_tree(doc: object) -> None:
+    """Refuse nesting deeper than ``MAX_HEADER_DEPTH`` and strings that are not valid Unicode (JSON's ``\\ud800``
+    escapes parse into lone surrogates, which no UTF-8 stream can write). Iterative: no recursion to exhaust."""
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        strings: list[object] = []
+        if isinstance(value, (dict, list)):
+            if depth > MAX_HEADER_DEPTH:
+                raise BundleError(f"bundle header nests deeper than {MAX_HEADER_DEPTH} levels")
+            items = list(value.values()) if isinstance(value, dict) else value
+            strings = list(value) if isinstance(value, dict) else []
+            stack.extend((item, depth + 1) for item in items)
+        elif isinstance(value, str):
+            strings = [value]
+        for text in strings:
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise BundleError("bundle header holds a string that is not valid Unicode") from None
+
+
+def _load_header_json(text: bytes) -> dict[str, object]:
+    """The header's JSON object, parsed strictly (see the module docstring); raises only :class:`BundleError`."""
+    try:
+        doc = json.loads(text, parse_int=_strict_int, parse_float=_strict_float, parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise BundleError("bundle header is not JSON") from exc
+    if not isinstance(doc, dict):
+        raise BundleError("bundle header is not a format-1 object")
+    _check_tree(doc)
+    return doc
+
+
 def _int_field(doc: Mapping[str, object], name: str, upper: int) -> int:
     value = doc.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= upper:
         raise BundleError(f"header field {name!r} is missing or out of range")
     return value
+
+
+def _created_field(doc: Mapping[str, object]) -> float:
+    """``created``: 0.0 when absent (it orders objects only), else a number of seconds in ``[0, MAX_CREATED]``."""
+    if "created" not in doc:
+        return 0.0
+    created = number(doc["created"], 0.0, MAX_CREATED)
+    if created is None:
+        raise BundleError("header field 'created' is not a time (a number of seconds since 1970, up to the year 9999)")
+    return created
 
 
 def _signature_field(doc: Mapping[str, object]) -> Signature | None:
@@ -372,7 +476,11 @@ def _signature_field(doc: Mapping[str, object]) -> Signature | None:
     return Signature(sig["alg"], sig["kid"], sig["mac"])
 
 
-def _parse_header(blob: bytes, limits: Limits) -> tuple[Header, int, dict[str, object]]:
+def _parse_header(
+    blob: bytes, limits: Limits, verify_keys: Sequence[bytes]
+) -> tuple[Header, int, bytes | None]:
+    """Parse and validate the header; with ``verify_keys``, verify the signature before any field but ``sig`` is
+    read. Returns the header, the payload's offset and (when it was computed for verification) its SHA-256."""
     if len(blob) > limits.max_object_bytes:
         raise BundleError(f"object of {len(blob)} bytes is over the limit of {limits.max_object_bytes}")
     if blob[:4] != MAGIC or len(blob) < 9:
@@ -382,15 +490,20 @@ def _parse_header(blob: bytes, limits: Limits) -> tuple[Header, int, dict[str, o
     header_len = int.from_bytes(blob[5:9], "big")
     if header_len > MAX_HEADER_BYTES or 9 + header_len > len(blob):
         raise BundleError("bundle header length out of range")
-    try:
-        doc = json.loads(blob[9 : 9 + header_len])
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise BundleError("bundle header is not JSON") from exc
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_VERSION:
+    offset = 9 + header_len
+    doc = _load_header_json(blob[9:offset])
+    signature = _signature_field(doc)
+    digest = None
+    if verify_keys:
+        # Nothing else in the header is interpreted before the MAC over all of it (and the payload) is checked.
+        if signature is None:  # refused before the payload is even hashed
+            raise SignatureError("unsigned object (a signing key is configured, so only signed objects are accepted)")
+        digest = hashlib.sha256(memoryview(blob)[offset:]).digest()  # no copy of what may be hundreds of MiB
+        _verify(signature, doc, digest, verify_keys)
+    if doc.get("format") != FORMAT_VERSION or isinstance(doc.get("format"), bool):
         raise BundleError("bundle header is not a format-1 object")
     fingerprint = doc.get("fingerprint")
     sha = doc.get("payload_sha256")
-    created = doc.get("created")
     if not isinstance(fingerprint, str) or not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
         raise BundleError("bundle header lacks a fingerprint or a SHA-256")
     header = Header(
@@ -399,32 +512,29 @@ def _parse_header(blob: bytes, limits: Limits) -> tuple[Header, int, dict[str, o
         raw_size=_int_field(doc, "raw_size", limits.max_raw_bytes),
         payload_sha256=sha,
         entries=_int_field(doc, "entries", limits.max_entries),
-        created=float(created) if isinstance(created, (int, float)) else 0.0,
+        created=_created_field(doc),
         extra={k: v for k, v in doc.items() if k not in RESERVED_HEADER_FIELDS},
-        signature=_signature_field(doc),
+        signature=signature,
     )
-    offset = 9 + header_len
     if len(blob) - offset != header.payload_size:
         raise BundleError(f"payload is {len(blob) - offset} bytes, header says {header.payload_size} (truncated?)")
-    return header, offset, doc
+    return header, offset, digest
 
 
-def _require_signature(header: Header) -> Signature:
-    if header.signature is None:
-        raise SignatureError("unsigned object (a signing key is configured, so only signed objects are accepted)")
-    return header.signature
-
-
-def _verify(header: Header, doc: Mapping[str, object], payload_digest: bytes, verify_keys: Sequence[bytes]) -> None:
+def _verify(signature: Signature, doc: Mapping[str, object], payload_digest: bytes, verify_keys: Sequence[bytes]) -> None:
     """Pass if any key verifies the MAC; raise :class:`SignatureError` saying why not otherwise."""
-    sig = _require_signature(header)
     unsigned = {k: v for k, v in doc.items() if k != "sig"}
     # Every key is tried, whatever the kid says (the kid is a hint for the message, not part of the MAC).
-    if any(hmac.compare_digest(_mac(key, unsigned, payload_digest), sig.mac) for key in verify_keys):
+    if any(hmac.compare_digest(_mac(key, unsigned, payload_digest), signature.mac) for key in verify_keys):
         return
-    if sig.kid not in {key_id(key) for key in verify_keys}:
-        raise SignatureError(f"signed with an unknown key (kid {sig.kid})")
-    raise SignatureError(f"signature mismatch (tampered?) for key kid {sig.kid}")
+    if signature.kid not in {key_id(key) for key in verify_keys}:
+        raise SignatureError(f"signed with an unknown key (kid {signature.kid})")
+    raise SignatureError(f"signature mismatch (tampered?) for key kid {signature.kid}")
+
+
+def _unexpected(exc: Exception) -> BundleError:
+    """The last line of defence of the public entry points: whatever escaped the checks becomes a refusal."""
+    return BundleError(f"malformed bundle ({type(exc).__name__}: {str(exc)[:200]})")
 
 
 def decode_header(
@@ -434,12 +544,16 @@ def decode_header(
 ) -> tuple[Header, int]:
     """Parse and validate the header (the signature field's shape included); return it and the payload's offset.
 
-    With ``verify_keys``, the signature is verified too (which hashes the payload, but decompresses nothing).
+    With ``verify_keys``, the signature is verified too (which hashes the payload, but decompresses nothing),
+    before any other header field is interpreted. Raises :class:`BundleError` (or :class:`SignatureError`), and
+    nothing else, on any defect.
     """
-    header, offset, doc = _parse_header(blob, limits)
-    if verify_keys:
-        _require_signature(header)  # an unsigned object is refused before its payload is even hashed
-        _verify(header, doc, hashlib.sha256(memoryview(blob)[offset:]).digest(), verify_keys)
+    try:
+        header, offset, _digest = _parse_header(blob, limits, verify_keys)
+    except BundleError:
+        raise
+    except Exception as exc:
+        raise _unexpected(exc) from exc
     return header, offset
 
 
@@ -470,19 +584,27 @@ def decode(
     limits: Limits = DEFAULT_LIMITS,
     verify_keys: Sequence[bytes] = (),
 ) -> tuple[Header, Entries]:
-    """Validate and decode one object. Raises :class:`BundleError` on any defect.
+    """Validate and decode one object. Raises :class:`BundleError`, and nothing else, on any defect.
 
     With ``verify_keys`` (non-empty), the object must carry a signature that one of them verifies
-    (:class:`SignatureError` otherwise), checked before the payload is decompressed. Without keys, a signature
-    is checked for its shape only.
+    (:class:`SignatureError` otherwise), checked before any other header field is interpreted and before the
+    payload is decompressed. Without keys, a signature is checked for its shape only.
     """
-    header, offset, doc = _parse_header(blob, limits)
-    if verify_keys:
-        _require_signature(header)  # an unsigned object is refused before its payload is hashed or decompressed
+    try:
+        return _decode(blob, expected_fingerprint, limits, verify_keys)
+    except BundleError:
+        raise
+    except Exception as exc:
+        raise _unexpected(exc) from exc
+
+
+def _decode(
+    blob: bytes, expected_fingerprint: str | None, limits: Limits, verify_keys: Sequence[bytes]
+) -> tuple[Header, Entries]:
+    header, offset, digest = _parse_header(blob, limits, verify_keys)
     payload = memoryview(blob)[offset:]  # no copy of what may be hundreds of MiB
-    digest = hashlib.sha256(payload).digest()
-    if verify_keys:
-        _verify(header, doc, digest, verify_keys)
+    if digest is None:
+        digest = hashlib.sha256(payload).digest()
     if expected_fingerprint is not None and header.fingerprint != expected_fingerprint:
         raise BundleError(f"bundle is for fingerprint {header.fingerprint[:120]!r}, not this environment's")
     if not hmac.compare_digest(digest.hex(), header.payload_sha256):
@@ -500,3 +622,22 @@ def decode(
     if len(entries) != header.entries:
         raise BundleError("entry count disagrees with the header")
     return header, entries
+
+
+# Enough leading bytes of an object to hold its header (a ranged read for the why-miss diagnosis).
+HEADER_PREFIX_BYTES = 9 + MAX_HEADER_BYTES
+
+
+def peek_header(head: bytes) -> dict[str, object] | None:
+    """The header document from an object's first bytes, or None. Unverified (no payload, no signature): for
+    showing what another run recorded, never for deciding anything."""
+    if head[:4] != MAGIC or len(head) < 9 or head[4] != FORMAT_VERSION:
+        return None
+    size = int.from_bytes(head[5:9], "big")
+    if size > MAX_HEADER_BYTES or 9 + size > len(head):
+        return None
+    try:
+        doc = _load_header_json(head[9 : 9 + size])  # strict: no NaN, huge integer or deep nesting reaches the caller
+    except Exception:  # noqa: BLE001 - whatever hostile JSON provokes
+        return None
+    return doc if isinstance(doc, dict) else None

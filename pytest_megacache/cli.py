@@ -7,12 +7,18 @@ budget), ``pull`` and ``push`` (copy objects between the store and a local direc
 The store layout these commands read is ``<prefix>/<scope>/<fingerprint key>/<object name>.mcb``: one
 segment of scope (a branch, '/' written as '+') and four of fingerprint key. Anything else under the
 prefix is left alone (and counted in ``ls``).
+
+Errors are one line on stderr, never a traceback: a bad argument or setting exits with 2, a store failure or
+anything unexpected with 1. An object that fails validation is refused on a line naming it, and the others are
+still processed. A reader that goes away (``pytest-megacache ls --json | head -1``) ends the command quietly
+with status 141 (128 + SIGPIPE, as a process the signal killed reports it).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import re
@@ -33,7 +39,11 @@ from .stores import LocalDirStore, ObjectInfo, Store, from_settings, valid_objec
 
 PROG = "pytest-megacache"
 PROGRESS_MIN_BYTES = 4 * 1000 * 1000  # transfers above this (decimal MB, as human_bytes prints) show progress
-STORE_FIELDS = ("bucket", "directory", "prefix", "endpoint_url")
+# The CLI's own flag for each store setting. Settings errors name the plugin's flags (--megacache-bucket ...):
+# _cli_flags rewrites them to these.
+CLI_FLAGS = {"bucket": "--bucket", "directory": "--dir", "prefix": "--prefix", "endpoint_url": "--endpoint-url"}
+STORE_FIELDS = tuple(CLI_FLAGS)
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 FINGERPRINT_PARTS = 4
 _SEGMENT = re.compile(r"[A-Za-z0-9_.+\-]{1,200}")
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?b?|b)?", re.IGNORECASE)
@@ -51,7 +61,16 @@ class UsageProblem(Exception):
 def _say_error(message: str) -> None:
     """One line on stderr, never a traceback; credentials in a URL are masked."""
     line = " ".join(redact(message).split())
-    print(f"{PROG}: {line}", file=sys.stderr)
+    with contextlib.suppress(OSError, ValueError):  # a closed stderr: there is nowhere left to say it
+        print(f"{PROG}: {line}", file=sys.stderr)
+
+
+def _cli_flags(message: str) -> str:
+    """``message`` (from the plugin's settings) with each store option's plugin flag replaced by the CLI's."""
+    for opt in OPTIONS:
+        if opt.name in CLI_FLAGS:
+            message = re.sub(re.escape(opt.flag) + r"(?![\w-])", CLI_FLAGS[opt.name], message)
+    return message
 
 
 def parse_size(text: str) -> int:
@@ -151,7 +170,7 @@ def _store_settings(args: argparse.Namespace) -> Settings:
         return resolve(cli=lambda name: getattr(args, name, None) if name in STORE_FIELDS else None,
                        env=env, ini=lambda _name: None)
     except SettingsError as exc:
-        raise UsageProblem(str(exc)) from exc
+        raise UsageProblem(_cli_flags(str(exc))) from exc
 
 
 def _open_store(args: argparse.Namespace) -> tuple[Store, Settings]:
@@ -488,15 +507,23 @@ def _cmd_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def _created(seconds: float) -> str:
+    if seconds <= 0:
+        return ""
+    try:
+        return f", created {datetime.fromtimestamp(seconds, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    except (OverflowError, OSError, ValueError):  # decode bounds it; this is the platform's own limit
+        return ""
+
+
 def _show_bundle(label: str, blob: bytes, folder_key: str | None, verbose: bool) -> int:
     """Validate one bundle and print its header and entry counts (names with ``verbose``)."""
     try:
-        header, entries = bundlemod.decode(blob)
+        header, entries = bundlemod.decode(blob)  # raises BundleError and nothing else, whatever the bytes
     except BundleError as exc:
         print(f"{label}: refused: {exc}")
         return 1
-    created = (f", created {datetime.fromtimestamp(header.created, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
-               if header.created > 0 else "")
+    created = _created(header.created)
     print(f"{label}: fingerprint {header.fingerprint}, {header.entries} entries, "
           f"{human_bytes(header.payload_size)} compressed, {human_bytes(header.raw_size)} raw{created}")
     if verbose and header.extra:
@@ -565,13 +592,13 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _add_store_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("store", "each falls back to its MEGACACHE_* environment variable")
-    group.add_argument("--bucket", "--megacache-bucket", dest="bucket", metavar="NAME",
+    group.add_argument(CLI_FLAGS["bucket"], "--megacache-bucket", dest="bucket", metavar="NAME",
                        help="S3 bucket (MEGACACHE_BUCKET); credentials come from boto3's usual chain")
-    group.add_argument("--dir", "--megacache-dir", dest="directory", metavar="DIR",
+    group.add_argument(CLI_FLAGS["directory"], "--megacache-dir", dest="directory", metavar="DIR",
                        help="local directory store (MEGACACHE_DIR)")
-    group.add_argument("--prefix", "--megacache-prefix", dest="prefix", metavar="PREFIX",
+    group.add_argument(CLI_FLAGS["prefix"], "--megacache-prefix", dest="prefix", metavar="PREFIX",
                        help="key prefix (MEGACACHE_PREFIX; default: pytest-megacache)")
-    group.add_argument("--endpoint-url", "--megacache-endpoint-url", dest="endpoint_url", metavar="URL",
+    group.add_argument(CLI_FLAGS["endpoint_url"], "--megacache-endpoint-url", dest="endpoint_url", metavar="URL",
                        help="S3-compatible endpoint (MEGACACHE_ENDPOINT_URL; AWS_ENDPOINT_URL_S3 works too)")
 
 
@@ -632,10 +659,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _tolerant_output() -> None:
+    """Text that the terminal's encoding cannot show (a file name of undecodable bytes) is escaped, not fatal."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader went away (Python docs, "Note on SIGPIPE"): point stdout and stderr at devnull, so that the
+    interpreter's final flush of what is still buffered cannot fail again and print an "Exception ignored"."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # no descriptor: replaced in-process
+                os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command; every exception becomes one line on stderr and an exit status."""
     try:
         result: int = args.func(args)
+    except BrokenPipeError:
+        raise
     except UsageProblem as exc:
         _say_error(str(exc))
         return 2
@@ -645,7 +694,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say_error("interrupted")
         return 130
+    except Exception as exc:  # noqa: BLE001 - a store's client, a bundle or the environment: one line, no traceback
+        _say_error(f"{type(exc).__name__}: {exc}")
+        return 1
     return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        _tolerant_output()
+        args = build_parser().parse_args(argv)
+        status = _run(args)
+        sys.stdout.flush()  # a reader that went away shows here, where it can be handled
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        return EXIT_BROKEN_PIPE
+    return status
 
 
 if __name__ == "__main__":

@@ -145,8 +145,8 @@ def test_entries_minus() -> None:
     assert ("torch/inductor", INDUCTOR_KEY) not in left
     assert len(left) == len(entries) - 1
     by_idents = entries.minus({("torch/aot_autograd", AOT_KEY), ("file/triton", "deadbeef/kernel.cubin")})
-    assert by_idents.idents() == entries.idents() - {("torch/aot_autograd", AOT_KEY),
-                                                      ("file/triton", "deadbeef/kernel.cubin")}
+    assert {e.ident for e in by_idents} == {e.ident for e in entries} - {("torch/aot_autograd", AOT_KEY),
+                                                                          ("file/triton", "deadbeef/kernel.cubin")}
     assert len(entries) == 6  # minus returns a new set
 
 
@@ -462,7 +462,170 @@ def test_a_changed_profile_is_new_and_the_newest_copy_wins_a_merge() -> None:
     restored = Entries([graph, old])
     assert [e.data for e in Entries([graph, grown]).minus(restored)] == [b"dynamic"]
     assert len(Entries([graph, old]).minus(restored)) == 0
-    assert len(Entries([graph, grown]).minus(restored.idents())) == 0  # bare idents cannot compare data
+    assert len(Entries([graph, grown]).minus({e.ident for e in restored})) == 0  # bare idents cannot compare data
     merged = Entries([graph, old])
     merged.merge([Entry("torch/inductor", graph.name, b"other"), grown])
     assert {e.ident: e.data for e in merged} == {graph.ident: b"graph", grown.ident: b"dynamic"}
+
+
+# --- hostile headers: only BundleError ever escapes --------------------------------------------------
+
+PLACEHOLDER = "@@hostile@@"
+
+
+def build_hostile(field: str, text: str, raw: bytes | None = None, **overrides: Any) -> bytes:
+    """A valid object whose header's ``field`` is the raw JSON ``text`` (which json.dumps could not write)."""
+    raw = raw_payload(raw_entry("file/inductor", "a.so", b"x")) if raw is None else raw
+    blob = build(raw, **{**overrides, field: PLACEHOLDER})
+    header_len = int.from_bytes(blob[5:9], "big")
+    header = blob[9 : 9 + header_len].replace(json.dumps(PLACEHOLDER).encode(), text.encode())
+    return frame(header, blob[9 + header_len :])
+
+
+# (field, raw JSON value): numbers Python's float()/int() choke on, JSON's forbidden constants, nesting and
+# text no UTF-8 stream can write. Each used to escape as OverflowError, ValueError or RecursionError, or to reach
+# the caller (a lone surrogate cannot be printed). "x" is an extra field: opaque to the format, still parsed.
+PARSE_HOSTILE: dict[str, tuple[str, str]] = {
+    "created-400-digit-int": ("created", "1" + "0" * 400),
+    "created-1e400": ("created", "1e400"),
+    "created-minus-1e400": ("created", "-1e400"),
+    "created-NaN": ("created", "NaN"),
+    "created-Infinity": ("created", "Infinity"),
+    "created-minus-Infinity": ("created", "-Infinity"),
+    "created-5000-digit-int": ("created", "9" * 5000),
+    "payload_size-400-digit-int": ("payload_size", "1" + "0" * 400),
+    "raw_size-1e400": ("raw_size", "1e400"),
+    "entries-NaN": ("entries", "NaN"),
+    "format-Infinity": ("format", "Infinity"),
+    "fingerprint-1e400": ("fingerprint", "1e400"),
+    "fingerprint-lone-surrogate": ("fingerprint", '"torch-\\ud800"'),
+    "sig-kid-NaN": ("sig", '{"alg": "hmac-sha256", "kid": NaN, "mac": "0"}'),
+    "extra-400-digit-int": ("x", "-" + "1" * 400),
+    "extra-5000-digit-int-nested": ("x", '{"cold_seconds": {"inductor:k": ' + "7" * 5000 + "}}"),
+    "extra-NaN-nested": ("x", '{"cold_seconds": {"inductor:k": NaN}}'),
+    "extra-1e400-nested": ("x", '[[1e400]]'),
+    "extra-nesting-past-the-recursion-limit": ("x", "[" * 20_000 + "]" * 20_000),
+    "extra-nesting-past-the-depth-limit": ("x", "[" * 100 + "]" * 100),
+    "extra-key-lone-surrogate": ("x", '{"\\udfff": 1}'),
+}
+# Values that parse but that no field accepts: refused when the field is interpreted.
+FIELD_HOSTILE: dict[str, tuple[str, str]] = {
+    "created-1e300": ("created", "1e300"),
+    "created-past-the-year-9999": ("created", str(int(bundle.MAX_CREATED) + 1)),
+    "created-negative": ("created", "-5"),
+    "created-string": ("created", '"yesterday"'),
+    "created-bool": ("created", "true"),
+    "created-null": ("created", "null"),
+    "created-object": ("created", '{"t": 1}'),
+    "payload_size-string": ("payload_size", '"x"'),
+    "raw_size-max-int64": ("raw_size", str((1 << 63) - 1)),
+    "entries-float": ("entries", "1e18"),
+    "format-true": ("format", "true"),
+    "fingerprint-number": ("fingerprint", "5"),
+}
+HOSTILE = {**PARSE_HOSTILE, **FIELD_HOSTILE}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_header_raises_only_bundle_error(case: str) -> None:
+    blob = build_hostile(*HOSTILE[case])
+    for call in (lambda: bundle.decode(blob), lambda: bundle.decode_header(blob), lambda: bundle.decode(blob, FP)):
+        with pytest.raises(BundleError) as info:
+            call()
+        # Refused by the strict parser or the field's own check, not by the last line of defence.
+        assert "malformed bundle" not in str(info.value), info.value
+
+
+def test_the_hostile_builder_makes_valid_objects_from_sane_values() -> None:
+    # The evidence that each case above is refused for its value: the same object with a sane one decodes.
+    assert bundle.decode(build_hostile("created", "2.5"))[0].created == 2.5
+    assert bundle.decode(build_hostile("entries", "1"))[0].entries == 1
+    assert bundle.decode(build_hostile("fingerprint", json.dumps(FP)), FP)[0].fingerprint == FP
+    cold = '{"cold_seconds": {"inductor:k": 1.5}}'
+    assert bundle.decode(build_hostile("x", cold))[0].extra == {"x": {"cold_seconds": {"inductor:k": 1.5}}}
+
+
+def test_created_is_a_float_in_range_or_absent() -> None:
+    raw = raw_payload(raw_entry("file/inductor", "a.so", b"x"))
+    assert bundle.decode(build(raw, created=DROP))[0].created == 0.0
+    assert bundle.decode(build(raw, created=0))[0].created == 0.0
+    header = bundle.decode(build(raw, created=int(bundle.MAX_CREATED)))[0]
+    assert header.created == bundle.MAX_CREATED and isinstance(header.created, float)
+
+
+def test_header_numbers_in_extra_are_finite_and_convert_to_float() -> None:
+    big = (1 << 63) - 1
+    header, _ = bundle.decode(build_hostile("x", f'{{"a": [{big}, {-big - 1}, 1e308, -0.0, 1e-400]}}'))
+    values = header.extra["x"]
+    assert isinstance(values, dict)
+    assert values["a"] == [big, -big - 1, 1e308, -0.0, 0.0]
+    assert all(isinstance(float(v), float) for v in values["a"])
+    with pytest.raises(BundleError, match="integer out of range"):
+        bundle.decode(build_hostile("x", str(big + 1)))
+    with pytest.raises(BundleError, match="integer out of range"):
+        bundle.decode(build_hostile("x", str(-big - 2)))
+
+
+def test_nesting_up_to_the_depth_limit_is_accepted() -> None:
+    depth = bundle.MAX_HEADER_DEPTH - 1  # the header object itself is level 1
+    header, _ = bundle.decode(build_hostile("x", "[" * depth + "]" * depth))
+    assert header.extra["x"] is not None
+    with pytest.raises(BundleError, match=f"nests deeper than {bundle.MAX_HEADER_DEPTH} levels"):
+        bundle.decode(build_hostile("x", "[" * (depth + 1) + "]" * (depth + 1)))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(1, 1.0), (2.5, 2.5), (0, 0.0), (True, None), (None, None), ("1", None), (-1, None), (float("nan"), None),
+     (float("inf"), None), (10**400, None), ([1], None)],
+)
+def test_number_reads_extra_values_safely(value: object, expected: float | None) -> None:
+    assert bundle.number(value) == expected
+
+
+def test_number_bounds() -> None:
+    assert bundle.number(5, upper=4) is None
+    assert bundle.number(-3, lower=-5) == -3.0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"x": float("nan")}, {"x": float("inf")}, {"x": 10**30}, {"x": "\ud800"}, {"x": [[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}],
+    ids=["nan", "inf", "huge-int", "surrogate", "deep"],
+)
+def test_encode_refuses_extra_fields_a_decoder_would_refuse(extra: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="extra header fields would not decode"):
+        bundle.encode(Entries(), FP, extra=extra)
+
+
+def test_unexpected_exceptions_become_bundle_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The last line of defence: whatever a check misses cannot escape the public entry points as anything else.
+    def explode(*_args: object) -> object:
+        raise OverflowError("int too large to convert to float")
+
+    monkeypatch.setattr(bundle, "_created_field", explode)
+    for call in (bundle.decode, bundle.decode_header):
+        with pytest.raises(BundleError, match=r"malformed bundle \(OverflowError: int too large"):
+            call(GOOD)
+    monkeypatch.undo()
+    monkeypatch.setattr(bundle, "_decode_payload", explode)
+    with pytest.raises(BundleError, match=r"malformed bundle \(OverflowError"):
+        bundle.decode(GOOD)
+    assert bundle.decode_header(GOOD)[0].fingerprint == FP  # the payload is not decoded there
+
+
+def test_keyboard_interrupt_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupt(*_args: object) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bundle, "_decode_payload", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        bundle.decode(GOOD)
+
+
+@pytest.mark.parametrize("case", list(PARSE_HOSTILE))
+def test_peek_header_returns_none_for_hostile_headers(case: str) -> None:
+    # The unverified peek (a diagnosis shows what another run recorded) parses as strictly as decode.
+    assert bundle.peek_header(build_hostile(*PARSE_HOSTILE[case])[: bundle.HEADER_PREFIX_BYTES]) is None
+    doc = bundle.peek_header(GOOD[: bundle.HEADER_PREFIX_BYTES])
+    assert doc is not None and doc["fingerprint"] == FP

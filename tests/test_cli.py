@@ -22,6 +22,7 @@ from pytest_megacache.report import human_bytes
 from pytest_megacache.stores import LocalDirStore, S3Store, Store
 
 from .conftest import S3Server, free_port
+from .test_bundle import build_hostile
 
 PREFIX = "pytest-megacache"
 FP_A = "torch-2.13.0+cpu/cpu-avx2-t2/py3.11-linux-x86_64/0123456789ab"
@@ -122,6 +123,36 @@ def test_bad_setting_uses_the_plugins_validation(capsys: pytest.CaptureFixture[s
     assert "'Not_A_Bucket' is not a valid S3 bucket name" in err and err.count("\n") == 1
     rc, _out, err = run(capsys, "ls", "--bucket", "my-bucket", "--dir", str(tmp_path))
     assert rc == 2 and "not both" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named", "plugin_flag"),
+    [(["--bucket", "My_Bucket!"], ["command line (--bucket)"], "--megacache-bucket"),
+     (["--megacache-bucket", "My_Bucket!"], ["command line (--bucket)"], "--megacache-bucket"),
+     (["--bucket", "my-bucket", "--dir", "somewhere"], ["(--bucket)", "(--dir)"], "--megacache-"),
+     (["--dir", "d", "--prefix", "a/../b"], ["command line (--prefix)"], "--megacache-prefix"),
+     (["--bucket", "my-bucket", "--endpoint-url", "ftp://x"], ["command line (--endpoint-url)"], "--megacache-endpoint-url")],
+    ids=["bucket", "bucket-alias", "both", "prefix", "endpoint-url"],
+)
+def test_setting_errors_name_the_cli_flags(capsys: pytest.CaptureFixture[str], argv: list[str], named: list[str],
+                                           plugin_flag: str) -> None:
+    # settings.py names the plugin's flags (--megacache-bucket); the CLI's message names its own.
+    rc, out, err = run(capsys, "ls", *argv)
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert all(text in err for text in named), err
+    assert plugin_flag not in err, err
+
+
+def test_setting_errors_from_the_environment_name_the_variable(capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEGACACHE_BUCKET", "My_Bucket!")
+    rc, _out, err = run(capsys, "ls")
+    assert rc == 2 and "environment (MEGACACHE_BUCKET)" in err and "--" not in err
+
+
+def test_cli_flags_rewrites_only_store_flags() -> None:
+    text = "a (--megacache-bucket), b (--megacache-dir), c (--megacache-mode), d (--megacache-directory-x)"
+    assert cli._cli_flags(text) == "a (--bucket), b (--dir), c (--megacache-mode), d (--megacache-directory-x)"
 
 
 def test_store_options_fall_back_to_the_environment(capsys: pytest.CaptureFixture[str], tmp_path: Path,
@@ -530,3 +561,171 @@ def test_entry_point_unreachable_s3(s3_server: S3Server) -> None:
                                                              "MEGACACHE_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"})
     assert proc.returncode == 1
     assert proc.stdout == "" and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+# --- hostile objects and unexpected failures ---------------------------------------------------------
+
+# Header values that used to escape bundle.decode as OverflowError / ValueError / RecursionError (a traceback).
+HOSTILE_CREATED = {
+    "created-400-digit-int": ("created", "1" + "0" * 400),
+    "created-1e400": ("created", "1e400"),
+    "created-NaN": ("created", "NaN"),
+    "created-5000-digit-int": ("created", "9" * 5000),
+    "extra-400-digit-int": ("cold_seconds", '{"inductor:k": ' + "1" * 400 + "}"),
+    "extra-deep-nesting": ("producer", "[" * 20_000 + "]" * 20_000),
+}
+
+
+def plant_hostile(store: Store) -> dict[str, bytes]:
+    """Two good objects and every hostile one in main/FP_A; returns the hostile ones by object name."""
+    put(store, "main", FP_A, 0)
+    put(store, "main", FP_A, 1)
+    hostile = {}
+    for n, (field, text) in enumerate(HOSTILE_CREATED.values(), start=2):
+        hostile[obj_name(n)] = build_hostile(field, text, fingerprint=FP_A)
+        store.put(f"{PREFIX}/main/{FP_A}", obj_name(n), hostile[obj_name(n)])
+    return hostile
+
+
+def test_pull_refuses_hostile_headers_and_copies_the_rest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    hostile = plant_hostile(LocalDirStore(tmp_path / "src"))
+    rc, out, err = run(capsys, "pull", "--dir", str(tmp_path / "src"), "--to", str(tmp_path / "dst"))
+    assert rc == 1
+    assert "Traceback" not in err
+    refused = err.splitlines()
+    assert len(refused) == len(hostile), err  # one line per bad object, and nothing else
+    assert sorted(line.split()[2].rsplit("/", 1)[-1].rstrip(":") for line in refused) == sorted(hostile)
+    assert all(line.startswith("pytest-megacache: refused main/") for line in refused)
+    assert "pulled 2 objects" in out and f"{len(hostile)} refused" in out
+    assert sorted(p.rsplit("/", 1)[-1] for p in dir_files(tmp_path / "dst")) == [obj_name(0), obj_name(1)]
+
+
+def test_push_refuses_hostile_headers_too(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    hostile = plant_hostile(LocalDirStore(tmp_path / "local"))
+    rc, out, err = run(capsys, "push", "--from", str(tmp_path / "local"), "--dir", str(tmp_path / "dst"))
+    assert rc == 1 and len(err.splitlines()) == len(hostile) and "pushed 2 objects" in out
+
+
+def test_inspect_refuses_hostile_headers_and_shows_the_rest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    hostile = plant_hostile(LocalDirStore(tmp_path))
+    refs = [f"main/{FP_A}/{name}" for name in [obj_name(0), *hostile, obj_name(1)]]
+    rc, out, err = run(capsys, "inspect", "--dir", str(tmp_path), *(a for ref in refs for a in ("--store-object", ref)))
+    assert rc == 1 and err == ""
+    lines = [line for line in out.splitlines() if not line.startswith(" ")]
+    assert [line.split(":", 1)[0] for line in lines] == refs  # one line per object, in order
+    assert [ref for ref, line in zip(refs, lines, strict=True) if ": refused: " in line] == refs[1:-1]
+    assert lines[0].startswith(f"{refs[0]}: fingerprint {FP_A}, 2 entries")
+    assert lines[-1].startswith(f"{refs[-1]}: fingerprint {FP_A}, 2 entries")
+
+    files = []
+    for name, blob in hostile.items():
+        files.append(tmp_path / name)
+        files[-1].write_bytes(blob)
+    rc, out, err = run(capsys, "inspect", "-v", *map(str, files))
+    assert rc == 1 and err == ""
+    assert [line.split(": refused: ")[0] for line in out.splitlines()] == list(map(str, files))
+
+
+def test_entry_point_pull_and_inspect_on_hostile_objects(tmp_path: Path) -> None:
+    hostile = plant_hostile(LocalDirStore(tmp_path / "src"))
+    proc = _subprocess("pull", "--dir", str(tmp_path / "src"), "--to", str(tmp_path / "dst"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.splitlines()) == len(hostile) and "pulled 2 objects" in proc.stdout
+    first = next(iter(hostile))
+    proc = _subprocess("inspect", "--dir", str(tmp_path / "src"), "--store-object", f"main/{FP_A}/{first}")
+    assert proc.returncode == 1 and proc.stderr == ""
+    assert proc.stdout.startswith(f"main/{FP_A}/{first}: refused: ") and proc.stdout.count("\n") == 1
+
+
+class Boom(Exception):
+    pass
+
+
+def _explode(*_args: object, **_kwargs: object) -> Any:
+    raise Boom("the store's client fell over")
+
+
+@pytest.mark.parametrize(
+    ("argv", "target"),
+    [(["ls"], "walk"), (["prune", "--older-than", "1"], "walk"), (["pull", "--to", "TMP/dst"], "walk"),
+     (["push", "--from", "TMP/src"], "walk"), (["inspect", "--store-object", f"main/{FP_A}/{obj_name(0)}"], "get"),
+     (["pull", "--to", "TMP/dst"], "get"), (["prune", "--older-than", "0", "--yes"], "delete"),
+     (["ls"], "from_settings"), (["pull", "--to", "TMP/dst"], "decode")],
+)
+def test_unexpected_exceptions_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch, argv: list[str], target: str) -> None:
+    put(LocalDirStore(tmp_path / "src"), "main", FP_A, 0)
+    if target == "from_settings":
+        monkeypatch.setattr(cli, "from_settings", _explode)
+    elif target == "decode":
+        monkeypatch.setattr(cli.bundlemod, "decode", _explode)
+    else:
+        monkeypatch.setattr(LocalDirStore, target, _explode)
+    argv = [a.replace("TMP", str(tmp_path)) for a in argv]
+    store = tmp_path / ("dst" if argv[0] == "push" else "src")  # push reads --from, the others the store
+    rc, _out, err = run(capsys, *argv, "--dir", str(store))
+    assert rc == 1
+    assert err == "pytest-megacache: Boom: the store's client fell over\n"
+
+
+def test_key_with_a_broken_torch_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> Any:
+        raise RuntimeError("CUDA driver initialization failed")
+
+    monkeypatch.setattr(cli, "compute", broken)
+    rc, out, err = run(capsys, "key")
+    assert rc == 1 and out == ""
+    assert err == "pytest-megacache: RuntimeError: CUDA driver initialization failed\n"
+
+
+def test_undecodable_file_names_are_printed_escaped(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = os.fsdecode(os.fsencode(str(tmp_path)) + b"/bad-\xff.mcb")  # a surrogate-escaped str
+    with open(path, "wb") as fh:
+        fh.write(b"not a bundle")
+    rc, out, err = run(capsys, "inspect", path)
+    assert rc == 1 and err == ""
+    assert "bad-\\udcff.mcb: refused: " in out
+
+
+# --- a reader that goes away -------------------------------------------------------------------------
+
+
+def many_objects(root: Path, count: int = 5000) -> None:
+    """``count`` objects with long names (ls lists names, never reads objects): over 1 MB of ``ls --json``."""
+    folder = root.joinpath(PREFIX, "main", *FP_A.split("/"))
+    folder.mkdir(parents=True)
+    for n in range(count):
+        (folder / f"{n:08d}-{'x' * 180}.mcb").write_bytes(b"")
+
+
+@pytest.mark.parametrize("argv", [["ls", "--json"], ["ls", "-v"]], ids=["json", "verbose"])
+def test_entry_point_piped_into_head(tmp_path: Path, argv: list[str]) -> None:
+    many_objects(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEGACACHE_")}
+    writer = subprocess.Popen([sys.executable, "-m", "pytest_megacache", *argv, "--dir", str(tmp_path)], cwd=ROOT,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert writer.stdout is not None and writer.stderr is not None
+    head = subprocess.Popen(["head", "-1"], stdin=writer.stdout, stdout=subprocess.PIPE)
+    writer.stdout.close()  # head holds the only read end: when it exits, the writer's pipe is broken
+    first, _ = head.communicate(timeout=120)
+    err = writer.stderr.read().decode()
+    writer.stderr.close()
+    assert writer.wait(timeout=120) == cli.EXIT_BROKEN_PIPE, err
+    assert err == ""  # no traceback, no "Exception ignored ... BrokenPipeError"
+    assert first == (b"[\n" if argv[1] == "--json" else b"SCOPE" + first[5:])
+    # The output really did not fit: ls --json without the early exit is larger than any pipe buffer.
+    full = _subprocess(*argv, "--dir", str(tmp_path))
+    assert full.returncode == 0 and len(full.stdout) > 1 << 20
+
+
+def test_broken_pipe_in_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", Closed())
+    monkeypatch.setattr(sys, "stderr", stderr)
+    populate(LocalDirStore(tmp_path))
+    assert cli.main(["ls", "--dir", str(tmp_path)]) == cli.EXIT_BROKEN_PIPE
+    assert stderr.getvalue() == ""

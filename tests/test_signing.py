@@ -14,6 +14,9 @@ import zstandard
 from pytest_megacache import bundle
 from pytest_megacache.bundle import Entries, Entry, SignatureError
 from pytest_megacache.errors import BundleError
+from pytest_megacache.keys import parse_signing_keys
+
+from .test_bundle import FIELD_HOSTILE, HOSTILE, PARSE_HOSTILE, build_hostile
 
 FP = "torch-2.13.0/cpu-avx2-t4/py3.11-linux-x86_64/0123456789ab"
 KEY = b"k" * 16 + b"-current-signing-key"
@@ -237,7 +240,7 @@ def test_key_rotation() -> None:
 
 
 def test_rotation_from_the_environment_variable() -> None:
-    keys = bundle.parse_signing_keys(f"{KEY.decode()}, {OLD_KEY.decode()}")
+    keys = parse_signing_keys(f"{KEY.decode()}, {OLD_KEY.decode()}")
     assert keys == [KEY, OLD_KEY]
     blob = bundle.encode(sample_entries(), FP, signing_key=keys[0])
     assert bundle.decode(blob, verify_keys=keys)[0].signature.kid == bundle.key_id(KEY)  # type: ignore[union-attr]
@@ -248,35 +251,35 @@ def test_rotation_from_the_environment_variable() -> None:
 
 @pytest.mark.parametrize("text", [None, "", "  ", " , ,\n"])
 def test_no_keys(text: str | None) -> None:
-    assert bundle.parse_signing_keys(text) == []
+    assert parse_signing_keys(text) == []
 
 
 def test_keys_separated_by_commas_and_whitespace() -> None:
     a, b, c, d = ("a" * 16, "b" * 20, "c" * 17, "d" * 32)
-    assert bundle.parse_signing_keys(f"{a},{b}  {c}\n\t{d},") == [x.encode() for x in (a, b, c, d)]
+    assert parse_signing_keys(f"{a},{b}  {c}\n\t{d},") == [x.encode() for x in (a, b, c, d)]
 
 
 def test_duplicate_keys_are_listed_once() -> None:
-    assert bundle.parse_signing_keys("a" * 16 + " " + "b" * 16 + "," + "a" * 16) == [b"a" * 16, b"b" * 16]
+    assert parse_signing_keys("a" * 16 + " " + "b" * 16 + "," + "a" * 16) == [b"a" * 16, b"b" * 16]
 
 
 def test_keys_are_utf8_bytes_of_the_text() -> None:
     key = "ключ" * 4  # 16 characters, 32 bytes
-    assert bundle.parse_signing_keys(key) == [key.encode("utf-8")]
+    assert parse_signing_keys(key) == [key.encode("utf-8")]
 
 
 def test_short_key_error_does_not_echo_the_key() -> None:
     secret = "s3cr3t-but-short"[:15]
     with pytest.raises(ValueError, match="MEGACACHE_SIGNING_KEY: key 2 is shorter than 16 characters") as info:
-        bundle.parse_signing_keys("a" * 16 + "," + secret)
+        parse_signing_keys("a" * 16 + "," + secret)
     assert secret not in str(info.value)
     assert secret[:6] not in str(info.value)
 
 
 def test_key_of_exactly_16_characters_is_accepted() -> None:
-    assert bundle.parse_signing_keys("x" * 16) == [b"x" * 16]
+    assert parse_signing_keys("x" * 16) == [b"x" * 16]
     with pytest.raises(ValueError, match="key 1 is shorter"):
-        bundle.parse_signing_keys("x" * 15)
+        parse_signing_keys("x" * 15)
 
 
 # --- decompression bombs -----------------------------------------------------------------------------
@@ -407,3 +410,79 @@ def test_bomb_declaring_its_true_size_is_refused_by_the_raw_limit(bomb_without_s
     blob = join(header_doc(bomb_without_size, len(BOMB_RAW)), bomb_without_size)
     with pytest.raises(BundleError, match="header field 'raw_size' is missing or out of range"):
         bundle.decode(blob, limits=bundle.Limits(max_raw_bytes=1 << 20))
+
+
+# --- hostile headers with signing keys configured ----------------------------------------------------
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_unsigned_header_with_keys_raises_only_bundle_error(case: str) -> None:
+    blob = build_hostile(*HOSTILE[case])
+    for call in (lambda: bundle.decode(blob, verify_keys=[KEY]), lambda: bundle.decode_header(blob, verify_keys=[KEY])):
+        with pytest.raises(BundleError) as info:
+            call()
+        assert "malformed bundle" not in str(info.value), info.value
+    # A good signed object still decodes with the same keys.
+    assert bundle.decode(bundle.encode(sample_entries(), FP, signing_key=KEY), FP, verify_keys=[KEY])[0].signature
+
+
+@pytest.mark.parametrize("case", list(FIELD_HOSTILE))
+def test_signature_is_checked_before_any_other_header_field(case: str) -> None:
+    # Unsigned, or signed by someone else: refused for the signature, whatever the other fields hold.
+    blob = build_hostile(*FIELD_HOSTILE[case])
+    with pytest.raises(SignatureError, match="unsigned object"):
+        bundle.decode(blob, verify_keys=[KEY])
+    with pytest.raises(SignatureError, match="unsigned object"):
+        bundle.decode_header(blob, verify_keys=[KEY])
+    doc, payload = split(blob)
+    forged = signed_by_hand(doc, payload, OTHER_KEY)
+    with pytest.raises(SignatureError, match="unknown key"):
+        bundle.decode(forged, verify_keys=[KEY])
+    # Signed with the key: the signature passes, then the field is refused (BundleError, not a signature error).
+    signed = signed_by_hand(doc, payload, KEY)
+    with pytest.raises(BundleError) as info:
+        bundle.decode(signed, verify_keys=[KEY])
+    assert not isinstance(info.value, SignatureError), info.value
+
+
+def test_fields_are_not_read_before_the_signature_is_verified(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[str] = []
+    real_int, real_created = bundle._int_field, bundle._created_field
+
+    def spy_int(doc: Any, name: str, upper: int) -> int:
+        read.append(name)
+        return real_int(doc, name, upper)
+
+    def spy_created(doc: Any) -> float:
+        read.append("created")
+        return real_created(doc)
+
+    monkeypatch.setattr(bundle, "_int_field", spy_int)
+    monkeypatch.setattr(bundle, "_created_field", spy_created)
+    with pytest.raises(SignatureError, match="unknown key"):
+        bundle.decode(bundle.encode(sample_entries(), FP, signing_key=OTHER_KEY), verify_keys=[KEY])
+    with pytest.raises(SignatureError, match="unsigned object"):
+        bundle.decode_header(bundle.encode(sample_entries(), FP), verify_keys=[KEY])
+    assert read == []
+    bundle.decode(bundle.encode(sample_entries(), FP, signing_key=KEY), verify_keys=[KEY])
+    assert sorted(read) == ["created", "entries", "payload_size", "raw_size"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("-inf"), 10**400, 1e300, "\ud800"],
+                         ids=["nan", "inf", "huge-int", "1e300", "surrogate"])
+def test_validly_signed_hostile_created_is_still_refused(value: object) -> None:
+    # A key holder's object is vouched for, not trusted to be sane: it cannot crash the reader either.
+    payload = zstandard.ZstdCompressor().compress(bundle.PAYLOAD_MAGIC + (0).to_bytes(4, "big"))
+    blob = signed_by_hand({**header_doc(payload, 8, entries=0), "created": value}, payload, KEY)
+    assert bundle.decode(signed_by_hand(header_doc(payload, 8, entries=0), payload, KEY), verify_keys=[KEY])
+    for call in (lambda: bundle.decode(blob, verify_keys=[KEY]), lambda: bundle.decode_header(blob, verify_keys=[KEY])):
+        with pytest.raises(BundleError) as info:
+            call()
+        assert "malformed bundle" not in str(info.value), info.value
+
+
+def test_parse_hostile_cases_are_refused_before_the_signature() -> None:
+    # They never reach the MAC: the JSON itself is refused (a signature could not vouch for what cannot be parsed).
+    for case in PARSE_HOSTILE.values():
+        with pytest.raises(BundleError) as info:
+            bundle.decode(build_hostile(*case), verify_keys=[KEY])
+        assert not isinstance(info.value, SignatureError), (case[0], info.value)
