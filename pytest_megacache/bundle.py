@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 import zstandard
 
-from . import torchfmt
-from .errors import BundleError
+from . import envpolicy, torchfmt
+from .errors import BundleError, redact_cut
 
 MAGIC = b"PMCB"
 FORMAT_VERSION = 1
@@ -190,14 +190,17 @@ class Entries:
         return torchfmt.serialize(torch_entries) if torch_entries else None
 
 
-def entries_from_torch(container: bytes) -> Entries:
+def entries_from_torch(container: bytes, skipped: list[str] | None = None) -> Entries:
     """Entries from a torch mega-cache container (as ``save_cache_artifacts`` returns), validated.
 
     torch records an artifact again when it changes under the same key (a dynamic-shape profile, ``pgo``,
-    is rewritten once a second shape is seen): the last record is the current one."""
+    is rewritten once a second shape is seen): the last record is the current one. With ``skipped``, an
+    artifact whose key is unsafe is left out and named there instead of refusing the whole container."""
     latest: dict[tuple[str, str], Entry] = {}
-    for t, k, c in torchfmt.parse(container):
-        entry = Entry(TORCH_PREFIX + t, k, c)
+    for t, k, c in torchfmt.parse(container, skipped):
+        # torch copies every TORCH*/INDUCTOR*/TRITON* variable into the repro script a compiled graph carries:
+        # the values no report would show are blanked (same length: the pickle still loads) before upload.
+        entry = Entry(TORCH_PREFIX + t, k, envpolicy.scrub_torch_artifact(c))
         latest[entry.ident] = entry
     return Entries(latest.values())
 
@@ -534,7 +537,7 @@ def _verify(signature: Signature, doc: Mapping[str, object], payload_digest: byt
 
 def _unexpected(exc: Exception) -> BundleError:
     """The last line of defence of the public entry points: whatever escaped the checks becomes a refusal."""
-    return BundleError(f"malformed bundle ({type(exc).__name__}: {str(exc)[:200]})")
+    return BundleError(f"malformed bundle ({type(exc).__name__}: {redact_cut(str(exc), 200)})")
 
 
 def decode_header(

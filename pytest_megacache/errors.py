@@ -6,19 +6,30 @@ import os
 import re
 from collections.abc import Mapping
 
-_URL_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://)[^/\s@]+@")
-SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "MEGACACHE_SIGNING_KEY")
+from .envpolicy import SECRET_ENV, secret_values
+
+__all__ = ["SECRET_ENV", "BundleError", "MegacacheError", "MegacacheWarning", "StoreError", "redact", "redact_cut"]
+
+# scheme://userinfo@ : the userinfo runs to the authority's last '@', so a password holding '@' is masked whole.
+_URL_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://)[^\s/]*@")
 
 
 def redact(text: str, env: Mapping[str, str] | None = None) -> str:
-    """``text`` without credentials: a URL's user:password part, and the values of secret variables."""
-    text = _URL_USERINFO.sub(r"\1***@", text)
+    """``text`` without credentials: the values of variables not known to be harmless (as ``<NAME>``; see
+    :func:`envpolicy.masked`) and a URL's user:password part (as ``***``).
+
+    Cheap enough per message (one pass over the environment's names), not meant per byte. Mask before cutting
+    a message short (:func:`redact_cut`): a cut secret is no longer recognised."""
     env = os.environ if env is None else env
-    for name in SECRET_ENV:
-        for secret in re.split(r"[\s,]+", env.get(name) or ""):
-            if len(secret) >= 8:
-                text = text.replace(secret, f"<{name}>")
-    return text
+    for name, secret in sorted(secret_values(env), key=lambda pair: -len(pair[1])):
+        if secret in text:
+            text = text.replace(secret, f"<{name}>")
+    return _URL_USERINFO.sub(r"\1***@", text)
+
+
+def redact_cut(text: str, limit: int = 300, env: Mapping[str, str] | None = None) -> str:
+    """:func:`redact`, then at most ``limit`` characters."""
+    return redact(text, env)[:limit]
 
 
 class MegacacheWarning(UserWarning):

@@ -4,6 +4,11 @@ Computed without importing torch (a torch import costs seconds): versions come f
 from ``torch/version.py`` read as text, the GPU from ``/proc/driver/nvidia`` (or ``nvidia-smi``), the CPU
 ISA and thread count from ``/proc/cpuinfo`` and the environment.
 
+Compiler settings in the environment (``TORCHINDUCTOR_*``, ``TRITON_*``, ...) are keyed by name and value, but
+``parts["env"]`` holds a value itself only for known harmless settings; any other value is replaced by a
+digest (``hidden:<16 hex>``, see :mod:`envpolicy`), so that the parts, which travel in every stored object
+and report, never carry a credential such as ``TORCHINDUCTOR_REDIS_URL``'s password.
+
 Key layout (one readable segment per concern, then a short hash of everything)::
 
     torch-2.13.0/cpu-avx2-t2/py3.11-linux-x86_64/3f9a1c2b7d10
@@ -26,16 +31,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MIN_TORCH = (2, 7)
+from .envpolicy import ENV_IGNORED, ENV_PREFIXES, fingerprint_value
 
-# Environment settings that change compiled artifacts or their keys. Paths and logging do not.
-ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TRITON_", "TORCHDYNAMO_")
-ENV_IGNORED = frozenset({
-    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
-    "TORCHINDUCTOR_COMPILE_THREADS", "TORCH_COMPILE_DEBUG_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE",
-    "TORCHINDUCTOR_AUTOGRAD_CACHE", "TORCH_COMPILE_JOB_ID", "TRITON_PRINT_AUTOTUNING",
-    "TORCHINDUCTOR_WORKER_START",
-})
+MIN_TORCH = (2, 7)
 
 
 class TorchUnavailable(Exception):
@@ -201,6 +199,8 @@ def compute(env: dict[str, str] | None = None, torch: TorchInfo | None = None) -
         "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
         "implementation": sys.implementation.name,
         "platform": f"{sys.platform}-{_slug(platform.machine())}",
-        "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) and k not in ENV_IGNORED},
+        # Every compiler setting by name; its value only when known harmless (envpolicy), else a digest.
+        "env": {k: fingerprint_value(k, v) for k, v in sorted(env.items())
+                if k.startswith(ENV_PREFIXES) and k not in ENV_IGNORED},
     }
     return Fingerprint(parts)

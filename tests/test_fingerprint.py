@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.metadata
 import importlib.util
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_megacache import fingerprint
+from pytest_megacache import envpolicy, fingerprint
 from pytest_megacache.fingerprint import Fingerprint, TorchInfo, TorchUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,6 +84,97 @@ def test_the_plugins_header_default_is_keyed_as_if_set() -> None:
     and a user who turns the header on gets another key (the kernels' compile command differs)."""
     assert compute({}).key == compute({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}).key
     assert compute({}).key != compute({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1"}).key
+
+
+# --- environment values: shown only when known harmless ------------------------------------------------
+
+REDIS_URL = "redis://ci:Sup3rS3cretPassw0rd@redis.example:6379/0"
+HIDDEN_RE = re.compile(r"hidden:[0-9a-f]{16}")
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("TORCHINDUCTOR_MAX_AUTOTUNE", "1"), ("TORCHINDUCTOR_FREEZING", "0"),
+     ("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS", "ATEN,TRITON,CPP"), ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1"),
+     ("TORCH_COMPILE_DYNAMIC_VALUES", "1111,2222"), ("TRITON_F32_DEFAULT", "tf32x3"),
+     ("TORCHINDUCTOR_CPP_MARCH", "x86-64-v3"), ("TORCHDYNAMO_REPRO_AFTER", "aot")],
+)
+def test_allowlisted_settings_show_their_value(var: str, value: str) -> None:
+    assert compute({var: value}).parts["env"] == {var: value, "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("TORCHINDUCTOR_REDIS_URL", REDIS_URL),  # torch's remote cache endpoint
+     ("TORCHINDUCTOR_REDIS_PASSWORD", "hunter2hunter2"),  # unknown name: hidden even if the value looks plain
+     ("TORCH_COMPILE_CACHE_KEY_TAG", "team-secret-tag"),  # free text
+     ("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS", "ATEN,https://u:pw@host"),  # allowlisted, odd value
+     ("TORCHINDUCTOR_MAX_AUTOTUNE", "1" * 65),  # allowlisted, too long to be a flag
+     ("TRITON_LIBDEVICE_PATH", "/opt/secret-project/libdevice.bc")],  # a path
+)
+def test_other_values_are_hidden_behind_a_digest(var: str, value: str) -> None:
+    fp = compute({var: value})
+    env = fp.parts["env"]
+    assert isinstance(env, dict)
+    assert set(env) == {var, "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"}  # the name is still there
+    assert HIDDEN_RE.fullmatch(env[var]), env
+    everything = json.dumps(fp.parts) + fp.key + fp.digest
+    for piece in (value, *re.split(r"[:/@,]+", value)):
+        if len(piece) >= 4:
+            assert piece not in everything
+
+
+def test_a_secret_never_reaches_parts_or_key() -> None:
+    fp = compute({"TORCHINDUCTOR_REDIS_URL": REDIS_URL, "TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
+    blob = json.dumps({"key": fp.key, **fp.parts}, sort_keys=True)
+    assert "Sup3rS3cretPassw0rd" not in blob and "redis.example" not in blob
+    assert "TORCHINDUCTOR_REDIS_URL" in blob and '"TORCHINDUCTOR_MAX_AUTOTUNE": "1"' in blob
+
+
+def test_a_hidden_value_still_changes_the_key() -> None:
+    one = compute({"TORCHINDUCTOR_REDIS_URL": REDIS_URL})
+    other = compute({"TORCHINDUCTOR_REDIS_URL": REDIS_URL.replace("Passw0rd", "Passw1rd")})
+    unset = compute()
+    assert len({one.key, other.key, unset.key}) == 3
+    assert one.key.rsplit("/", 1)[0] == other.key.rsplit("/", 1)[0]  # only the trailing digest differs
+
+
+def test_hidden_values_are_stable() -> None:
+    env = {"TORCHINDUCTOR_REDIS_URL": REDIS_URL, "TORCHINDUCTOR_FREEZING": "1", "TRITON_HOME": "/x"}
+    assert compute(env).key == compute(dict(env)).key
+    assert compute(env).parts == compute(dict(reversed(env.items()))).parts
+
+
+def test_hidden_digests_are_domain_separated() -> None:
+    """The same value under two names gives two digests: a digest says nothing about another variable."""
+    env = compute({"TORCHINDUCTOR_REDIS_URL": REDIS_URL, "TORCHINDUCTOR_REDIS_HOST_URL": REDIS_URL}).parts["env"]
+    assert isinstance(env, dict)
+    assert env["TORCHINDUCTOR_REDIS_URL"] != env["TORCHINDUCTOR_REDIS_HOST_URL"]
+    assert hashlib.sha256(REDIS_URL.encode()).hexdigest()[:16] not in json.dumps(env)
+
+
+def test_stored_differences_name_the_variable_without_its_value() -> None:
+    """What the 'nothing was restored' diagnosis can say about env: the differing names, digests for hidden
+    values, and never a raw value an older version stored."""
+    here = compute({"TORCHINDUCTOR_REDIS_URL": REDIS_URL, "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}).parts["env"]
+    old_style = {"TORCHINDUCTOR_REDIS_URL": "redis://ci:0ldPassw0rd@redis.example:6379/0",
+                 "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0", "TORCHINDUCTOR_FREEZING": "1"}
+    assert isinstance(here, dict)
+    lines = envpolicy.env_differences(old_style, here)
+    text = "\n".join(lines)
+    assert [line.split()[0] for line in lines] == [
+        "TORCHINDUCTOR_FREEZING", "TORCHINDUCTOR_MAX_AUTOTUNE", "TORCHINDUCTOR_REDIS_URL"]
+    assert "TORCHINDUCTOR_FREEZING '1' here unset" in lines
+    assert "TORCHINDUCTOR_MAX_AUTOTUNE unset here '1'" in lines
+    assert "0ldPassw0rd" not in text and "Sup3rS3cretPassw0rd" not in text and "redis.example" not in text
+    assert HIDDEN_RE.search(lines[-1])
+
+
+def test_only_harmless_values_are_allowlisted() -> None:
+    """Every allowlisted name is a compiler setting (keyed), and none of them names an endpoint or a secret."""
+    for name in envpolicy.SHOWN_VALUES:
+        assert name.startswith(fingerprint.ENV_PREFIXES) and name not in fingerprint.ENV_IGNORED, name
+        assert not re.search(r"URL|_HOST$|_PORT$|PASSW|SECRET|TOKEN|_KEY|CRED|_DIR$|_PATH$|REGEX|USERNAME|_USER$", name), name
 
 
 @pytest.mark.parametrize(
