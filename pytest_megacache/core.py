@@ -9,21 +9,26 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import bundle as bundlemod
+from . import envpolicy
 from .bundle import Entries, Entry, Limits
-from .errors import BundleError, StoreError
+from .deadline import Deadline, bounded, bounded_map
+from .errors import BundleError, StoreError, redact, redact_cut
 from .files import FileRoot
 from .stores import ObjectInfo, Store, new_object_name
-from .torch_adapter import MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
+from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
 
 # Store failures that make every later call fail too: report once, do not try to upload.
-STORE_DOWN_KINDS = frozenset({"unreachable", "no-bucket", "denied", "credentials"})
+STORE_DOWN_KINDS = frozenset({"unreachable", "no-bucket", "denied", "credentials", "config", "timeout"})
 FETCH_WORKERS = 8
+# Past the restore's budget (every store operation in it stops there), how long a waiter gives the restore
+# thread to write what it fetched before going on without it (slow local disk, a starved CPU).
+RESTORE_GRACE = 1.0
 MAX_COLD_SECONDS = 500  # artifacts whose cold compile seconds one object's header records
+MAX_COMPILE_SECONDS = 86_400.0  # what one recorded compile may claim to have cost
 
 
 @dataclass
@@ -115,8 +120,23 @@ class Fetched:
     entries: Entries | None
 
 
+@dataclass(frozen=True)
+class Diagnosis:
+    """Where to look, when nothing is stored for this fingerprint, for the nearest one that is (why-miss)."""
+
+    prefix: str
+    scopes: Sequence[str]
+    key: str
+    parts: Mapping[str, object]
+
+
 class CacheSession:
-    """One session's traffic with the cache. Thread-safe where the restore thread is involved."""
+    """One session's traffic with the cache. Thread-safe where the restore thread is involved.
+
+    Every store operation runs against a wall-clock budget (:mod:`deadline`): the restore (connecting,
+    listing, fetching) against ``restore_timeout`` from its start, the upload (and compaction) against
+    ``upload_timeout``. Waiting for the restore is paid once: whoever waits first waits until the restore's
+    deadline at most, and every later wait returns at once."""
 
     def __init__(
         self,
@@ -132,6 +152,9 @@ class CacheSession:
         read_folders: Sequence[str] | None = None,
         signing_keys: Sequence[bytes] = (),
         meta: Mapping[str, object] | None = None,
+        restore_timeout: float = 120.0,
+        upload_timeout: float = 60.0,
+        diagnosis: Diagnosis | None = None,
     ) -> None:
         self._store_factory = store_factory
         self._store: Store | None = None
@@ -146,7 +169,11 @@ class CacheSession:
         self.writes = writes
         self.compact_after = compact_after
         self.limits = limits
+        self.restore_timeout = restore_timeout
+        self.upload_timeout = upload_timeout
+        self.diagnosis = diagnosis
         self.problems: list[str] = []
+        self.notes: list[str] = []  # said once in the summary; not problems
         self._problem_lock = threading.Lock()
         self._reported = 0
         self.store_down = False
@@ -160,10 +187,13 @@ class CacheSession:
         self.upload_stats = UploadStats()
         self.torch_stats = TorchStats()
         self._thread: threading.Thread | None = None
-        # Run in the restore thread: one when nothing is stored (why-miss), one when it is done (xdist staging).
-        self.diagnose: Callable[[CacheSession], str | None] | None = None
+        # Run in the restore thread once the restore is done and before anyone may use it (xdist staging).
         self.after_restore: Callable[[CacheSession], None] | None = None
-        self._restore_done = threading.Event()
+        self._deadline: Deadline | None = None
+        self._state_lock = threading.Lock()
+        self._state = "idle"  # idle -> running -> committing -> done, or running -> abandoned
+        self._settled = threading.Event()  # done or abandoned: nobody waits any more
+        self._diagnosed = threading.Event()
         self._loaded = False
 
     # --- problems ---------------------------------------------------------------------------------
@@ -184,15 +214,26 @@ class CacheSession:
         self.problem(f"{what}: {exc}")
 
     def store(self) -> Store:
+        """The store, built on first use (building an S3 client reads the AWS configuration)."""
         if self._store is None:
             self._store = self._store_factory()
         return self._store
 
+    def _bounded_store(self, deadline: Deadline) -> Store:
+        return bounded(self.store, deadline, "connecting to the store")
+
     # --- restore ----------------------------------------------------------------------------------
     def start_restore(self, background: bool = True) -> None:
+        """Start the restore against its budget; in a daemon thread unless ``background`` is False."""
+        with self._state_lock:
+            if self._state != "idle":
+                return
+            self._state = "running"
+        self._deadline = Deadline(self.restore_timeout, "the restore", "--megacache-timeout")
         if not self.reads:
             self._snapshot()
-            self._restore_done.set()
+            self._settle("done")
+            self._diagnosed.set()
             return
         if background:
             self._thread = threading.Thread(target=self._restore_guarded, name="megacache-restore", daemon=True)
@@ -200,44 +241,88 @@ class CacheSession:
         else:
             self._restore_guarded()
 
-    def wait_restore(self, timeout: float) -> bool:
-        """Wait for the restore; False (and a problem) if it did not finish in time."""
-        if self._restore_done.wait(timeout):
+    @property
+    def restore_finished(self) -> bool:
+        """The restore ran to its end (successfully or not) in time; its result may be used."""
+        return self._state == "done"
+
+    def wait_restore(self) -> bool:
+        """Wait for the restore until its deadline, at most; True if it finished in time.
+
+        The first wait that reaches the deadline abandons the restore (one problem, said once); every wait
+        after that returns at once, so the budget is paid once per session whoever waits."""
+        if self._settled.is_set() or self._deadline is None:
+            return self.restore_finished
+        if self._settled.wait(self._deadline.remaining() + RESTORE_GRACE):
+            return self.restore_finished
+        with self._state_lock:
+            committing = self._state == "committing"
+            if self._state == "running":
+                self._state = "abandoned"
+        if committing:  # writing validated files to local disk: part of the session's own time
+            self._settled.wait()
+            return self.restore_finished
+        if self._state == "abandoned" and not self._settled.is_set():
+            self.store_down = True  # what did not answer in time would not take an upload either
+            self.problem(f"restore did not finish within {self.restore_timeout:g} s (--megacache-timeout); "
+                         "the session went on without it and uploads nothing")
+            self._snapshot()
+            self._settled.set()
+            self._diagnosed.set()
+        return self.restore_finished
+
+    def _settle(self, state: str) -> None:
+        with self._state_lock:
+            if self._state != "abandoned":
+                self._state = state
+        self._settled.set()
+
+    def _commit(self) -> bool:
+        """Whether the restore may still write its result (it was not abandoned)."""
+        with self._state_lock:
+            if self._state != "running":
+                return False
+            self._state = "committing"
             return True
-        self.problem(f"restore did not finish within {timeout:g} s; going on without it")
-        return False
 
     def _restore_guarded(self) -> None:
         try:
             self._restore()
-            if self.restore_stats.ok and self.restore_stats.objects_listed == 0 and self.diagnose is not None:
-                self.restore_stats.why_miss = self.diagnose(self)
         except Exception as exc:  # noqa: BLE001 - a cache bug must never fail the session
-            self.problem(f"restore failed unexpectedly: {type(exc).__name__}: {exc}")
+            self.problem(f"restore failed unexpectedly: {type(exc).__name__}: {redact_cut(str(exc))}")
         finally:
-            self._snapshot()
-            if self.after_restore is not None:
-                try:
-                    self.after_restore(self)
-                except Exception as exc:  # noqa: BLE001
-                    self.problem(f"after the restore: {type(exc).__name__}: {exc}")
-            self._restore_done.set()
+            if self._state in ("running", "committing"):
+                if self._state == "running":
+                    self._snapshot()
+                self._run_after_restore()
+                self._settle("done")
+        try:
+            self._diagnose()
+        finally:
+            self._diagnosed.set()
+
+    def _run_after_restore(self) -> None:
+        if self.after_restore is not None:
+            try:
+                self.after_restore(self)
+            except Exception as exc:  # noqa: BLE001
+                self.problem(f"after the restore: {type(exc).__name__}: {redact_cut(str(exc))}")
 
     def _snapshot(self) -> None:
-        self.before = {root.kind: root.snapshot() for root in self.roots}
+        try:
+            self.before = {root.kind: root.snapshot() for root in self.roots}
+        except Exception as exc:  # noqa: BLE001 - a cache directory we cannot read: collect nothing from it
+            self.problem(f"cannot read the cache directories: {type(exc).__name__}: {redact_cut(str(exc))}")
 
     def _fetch(self, store: Store, folder: str, info: ObjectInfo) -> Fetched:
-        try:
-            blob = store.get(folder, info.name, self.limits.max_object_bytes)
-        except StoreError as exc:
-            self._store_error(f"fetching {info.name}", exc)
-            return Fetched(folder, info, 0, None, None)
+        """One object, fetched and validated; any defect of it is its own (named) problem, not the restore's."""
+        blob = store.get(folder, info.name, self.limits.max_object_bytes)
         if blob is None:  # deleted by a concurrent compaction: its content is in a newer object
             return Fetched(folder, info, 0, None, None)
         try:
             header, entries = bundlemod.decode(blob, self.fingerprint, self.limits, verify_keys=self.signing_keys)
-        except BundleError as exc:
-            self.problem(f"refused {folder}/{info.name}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - BundleError, or anything else a hostile object provokes
+            self.problem(f"refused {folder}/{info.name}: {redact_cut(str(exc) or type(exc).__name__)}")
             return Fetched(folder, info, len(blob), None, None)
         return Fetched(folder, info, len(blob), header, entries)
 
@@ -245,18 +330,38 @@ class CacheSession:
         stats = self.restore_stats
         stats.attempted = True
         start = time.perf_counter()
+        assert self._deadline is not None
+        deadline = self._deadline
         listing: list[tuple[str, ObjectInfo]] = []
         try:
-            store = self.store()
+            store = self._bounded_store(deadline)
             for folder in self.read_folders:
-                listing.extend((folder, info) for info in store.list(folder))
+                listing.extend((folder, info) for info in bounded(lambda f=folder: store.list(f), deadline,  # type: ignore[misc]
+                                                                   "listing the store"))
         except StoreError as exc:
-            self._store_error("restore", exc)
+            self.store_down = True  # a store that cannot list will not take an upload: one fault, one warning
+            self.problem(f"restore: {exc}")
             stats.seconds = time.perf_counter() - start
             return
         stats.objects_listed = len(listing)
-        with ThreadPoolExecutor(max_workers=max(1, min(FETCH_WORKERS, len(listing)))) as pool:
-            results = list(pool.map(lambda item: self._fetch(store, *item), listing))
+        outcomes = bounded_map(lambda item: self._fetch(store, *item), listing, deadline, FETCH_WORKERS)
+        results: list[Fetched] = []
+        failed = late = 0
+        for (folder, info), outcome in zip(listing, outcomes, strict=True):
+            if isinstance(outcome, StoreError):
+                failed += 1
+                if outcome.kind == "timeout":
+                    late += 1
+                else:
+                    self.problem(f"fetching {info.name}: {outcome}")
+                results.append(Fetched(folder, info, 0, None, None))
+            else:
+                results.append(outcome)
+        if late:  # one fault, one problem: not one per object the budget cut short
+            self.problem(f"restore: {late} of {len(listing)} objects were not fetched within the budget of the restore "
+                         f"({self.restore_timeout:g} s, --megacache-timeout); the session went on without them")
+        if failed and failed == len(listing):
+            self.store_down = True  # nothing came through: an upload would not either
         merged = Entries()
         # Oldest first (by the time each object records), so that a newer mutable artifact wins below.
         results.sort(key=lambda got: (got.header.created if got.header is not None else 0.0, got.info.name))
@@ -272,6 +377,8 @@ class CacheSession:
             if got.folder == self.folder:
                 self.restored_objects.append(got.info)
                 self.restored_own.merge(got.entries)
+        if not self._commit():
+            return  # abandoned: the session went on without this restore; write nothing now
         try:
             for root in self.roots:
                 written, present = root.restore(merged, stats.files_refused)
@@ -282,13 +389,31 @@ class CacheSession:
         if stats.files_refused:
             self.problem(f"{len(stats.files_refused)} restored kernel files were incomplete and not written "
                          f"(they will be rebuilt): {'; '.join(stats.files_refused[:3])}")
+        self._snapshot()
         self.restored = merged
         stats.entries = merged.counts()
         stats.ok = True
         stats.seconds = time.perf_counter() - start
 
+    def _diagnose(self) -> None:
+        """Why nothing was restored: after the restore settled (off the critical path), within its budget."""
+        stats, target, deadline = self.restore_stats, self.diagnosis, self._deadline
+        if target is None or deadline is None or not (stats.ok and stats.objects_listed == 0):
+            return
+        try:
+            store = self._bounded_store(deadline)
+            stats.why_miss = bounded(lambda: nearest_fingerprint(store, target.prefix, target.scopes, target.key,
+                                                                 target.parts), deadline, "the why-miss diagnosis")
+        except StoreError as exc:
+            stats.why_miss = f"unknown ({exc})"
+
+    def wait_diagnosis(self) -> None:
+        """Until the why-miss diagnosis is done, or the restore's deadline."""
+        if self._deadline is not None:
+            self._diagnosed.wait(self._deadline.remaining())
+
     # --- load -------------------------------------------------------------------------------------
-    def load_into_torch(self, timeout: float, loader: Callable[[bytes], LoadResult] = TorchAdapter.load) -> None:
+    def load_into_torch(self, loader: Callable[[bytes], LoadResult] = TorchAdapter.load) -> None:
         """Called on the first compile: wait for the restore, validate, hand torch its artifacts."""
         if self._loaded:
             return
@@ -296,7 +421,7 @@ class CacheSession:
         if not self.reads:
             return
         waiting = time.perf_counter()
-        finished = self.wait_restore(timeout)
+        finished = self.wait_restore()
         self.load_stats.waited = round(time.perf_counter() - waiting, 4)
         if not finished:
             return
@@ -307,7 +432,10 @@ class CacheSession:
             return
         if container is None:
             return
-        result = loader(container)
+        try:
+            result = loader(container)
+        except Exception as exc:  # noqa: BLE001 - torch's loader, whatever it raises: a cold run, not a failure
+            result = LoadResult(False, error=f"{type(exc).__name__}: {redact_cut(str(exc))}")
         self.load_stats = LoadStats(True, result.ok, result.artifacts, result.seconds, result.error,
                                     self.load_stats.waited)
         if not result.ok:
@@ -323,10 +451,13 @@ class CacheSession:
             self.problem(f"torch.compiler.save_cache_artifacts failed: {type(exc).__name__}: {exc}")
             container = None
         if container is not None:
+            refused: list[str] = []
             try:
-                session.update(bundlemod.entries_from_torch(container))
+                session.update(bundlemod.entries_from_torch(container, refused))
             except BundleError as exc:
                 self.problem(f"torch's saved artifacts failed validation, not uploading them: {exc}")
+            if refused:  # one artifact with an odd key costs that artifact, not all of them
+                self.problem(f"not uploading {len(refused)} of torch's artifacts: {'; '.join(refused[:3])}")
         for root in self.roots:
             entries, skipped = root.collect(self.before.get(root.kind, set()))
             session.update(entries)
@@ -359,9 +490,10 @@ class CacheSession:
         for header in self.restored_headers:
             table = header.extra.get("cold_seconds")
             if isinstance(table, dict):
-                for artifact, seconds in table.items():
-                    if isinstance(artifact, str) and isinstance(seconds, (int, float)):
-                        out.setdefault(_ident(artifact), float(seconds))
+                for artifact, value in table.items():
+                    seconds = bundlemod.number(value, 0.0, MAX_COMPILE_SECONDS)  # unverified input: a finite range
+                    if isinstance(artifact, str) and seconds is not None:
+                        out.setdefault(_ident(artifact), seconds)
         return out
 
     def cold_seconds(self, payload: Entries) -> dict[str, float]:
@@ -394,6 +526,25 @@ class CacheSession:
                 return True
         return False
 
+    def check_unused(self, selection: str | None) -> None:
+        """Restored objects that torch hit none of. A session that compiled only graphs the store lacks (new
+        code, another shard) is healthy: a note. Only when a restored object came from a session that ran this
+        very selection, so everything should have hit, is it a problem (settings differ from that run's).
+        After a failed load, that failure was the problem already."""
+        r, t = self.restore_stats, self.torch_stats
+        hits, misses = counter_sum(t.counters, HIT_COUNTERS), counter_sum(t.counters, MISS_COUNTERS)
+        if not (r.objects_used and t.compiled and hits == 0 and misses > 0) or (self.load_stats.called
+                                                                               and not self.load_stats.ok):
+            return
+        if self.expects_full_coverage(selection):
+            self.problem(
+                f"restored {r.objects_used} object(s) stored by a run of these same tests, but torch hit none of them "
+                f"({misses} misses). Likely causes: an Inductor or Dynamo setting that differs from that run "
+                "(TORCHINDUCTOR_* / TORCH_* environment, config patches, OMP_NUM_THREADS) or changed model code")
+        else:
+            self.notes.append(f"restored {r.objects_used} object(s); this session compiled only graphs they do not "
+                              f"hold ({misses} misses): new or changed code, or other tests than the runs that stored them")
+
     def merge_worker_profiles(self, copies: Mapping[tuple[str, str], Sequence[Entry]], timeout: float,
                               merge: Callable[[bytes | None, Sequence[bytes], float], bytes | None] | None = None,
                               ) -> Entries:
@@ -424,14 +575,14 @@ class CacheSession:
                 out.add(Entry(ident[0], ident[1], merged))
         return out
 
-    def finish(self, adapter: TorchAdapter | None, timeout: float, *,
+    def finish(self, adapter: TorchAdapter | None, *,
                workers: Sequence[Mapping[str, Any]] = (), worker_entries: Entries | None = None,
                worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None = None) -> None:
         """Record torch's counters, then upload what is new (this process's and its xdist workers')."""
         self.account(adapter, workers)
         up = self.upload_stats
-        # Wait even when nothing compiled, so a broken store is reported in every session.
-        if self.reads and not self.wait_restore(timeout):
+        # Wait even when nothing compiled, so a broken store is reported in every session (paid once).
+        if self.reads and not self.wait_restore():
             up.reason = "restore unfinished"
             return
         if not self.writes:
@@ -444,43 +595,86 @@ class CacheSession:
             up.reason = "store unavailable"
             return
         start = time.perf_counter()
+        try:
+            self._upload(adapter, worker_entries, worker_profiles)
+        finally:
+            up.seconds = time.perf_counter() - start
+
+    def _upload(self, adapter: TorchAdapter | None, worker_entries: Entries | None,
+                worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None) -> None:
+        up = self.upload_stats
+        deadline = Deadline(self.upload_timeout, "the upload", "--megacache-upload-timeout")
         session = self.collect(adapter) if adapter is not None else Entries()
         if worker_entries is not None:
             session.merge(worker_entries)
         if worker_profiles:
-            session.merge(self.merge_worker_profiles(worker_profiles, timeout))
+            session.merge(self.merge_worker_profiles(worker_profiles, self.upload_timeout))
         up.session_entries = len(session)
         new = session.minus(self.restored)  # a profile that changed under its key counts as new
         up.new_entries = new.counts()
         if not new:
-            up.reason = "nothing new"
-            up.seconds = time.perf_counter() - start  # collecting and comparing what the session saved
+            up.reason = "nothing new"  # collecting and comparing what the session saved
             return
         up.attempted = True
         compact = len(self.restored_objects) + 1 > self.compact_after
-        payload = Entries(self.restored_own) if compact else Entries()
-        payload.merge(new)  # a changed profile replaces the restored one
-        blob = bundlemod.encode(payload, self.fingerprint, extra=self.upload_meta(payload),
-                                signing_key=self.signing_keys[0] if self.signing_keys else None)
+        payload, blob = self._payload(new, compact)
+        if blob is None:
+            up.reason = "over the restore limits"
+            return
+        compact = compact and len(payload) > len(new)
         try:
-            store = self.store()
-            store.put(self.folder, new_object_name(), blob)
+            store = self._bounded_store(deadline)
+            bounded(lambda: store.put(self.folder, new_object_name(), blob), deadline, "upload")
         except StoreError as exc:
             self._store_error("upload", exc)
             up.reason = "upload failed"
-            up.seconds = time.perf_counter() - start
             return
         up.objects, up.bytes, up.raw_bytes = 1, len(blob), payload.raw_bytes()
         if compact:
             # The new object holds everything the restored ones did; delete only those.
             for info in self.restored_objects:
                 try:
-                    store.delete(self.folder, info.name)
+                    bounded(lambda name=info.name: store.delete(self.folder, name), deadline,  # type: ignore[misc]
+                            "compaction")
                     up.compacted += 1
                 except StoreError as exc:
-                    self.problem(f"compaction could not delete {info.name}: {exc}")
+                    self.notes.append(f"compaction stopped after {up.compacted} deletions ({exc}); "
+                                      "the rest are merged next time")
                     break
-        up.seconds = time.perf_counter() - start
+
+    def _payload(self, new: Entries, compact: bool) -> tuple[Entries, bytes | None]:
+        """What to upload: ``new``, merged with what this scope's objects hold when compacting. An object that
+        a restore would refuse (over :class:`Limits`) is never written: a compaction that would be is not done
+        (its inputs stay), and new entries over the limits on their own are not uploaded."""
+        candidates = [True, False] if compact else [False]
+        for merged in candidates:
+            payload = Entries(self.restored_own) if merged else Entries()
+            payload.merge(new)  # a changed profile replaces the restored one
+            signing_key = self.signing_keys[0] if self.signing_keys else None
+            try:
+                blob = bundlemod.encode(payload, self.fingerprint, extra=self.upload_meta(payload),
+                                        signing_key=signing_key)
+            except (ValueError, BundleError) as exc:  # a header a decoder would refuse: never written
+                self.problem(f"not uploading: {redact_cut(str(exc))}")
+                return new, None
+            why = self._over_limits(blob)
+            if why is None:
+                return payload, blob
+            if merged:
+                self.notes.append(f"compaction skipped: the merged object would be over the restore limits ({why}); "
+                                  "uploading the new entries alone and keeping every stored object")
+            else:
+                self.problem(f"not uploading {len(new)} new entries: the object would be over the restore limits "
+                             f"({why}), so no session could restore it")
+        return new, None
+
+    def _over_limits(self, blob: bytes) -> str | None:
+        """Why a restore would refuse ``blob`` for its size, or None."""
+        try:
+            bundlemod.decode_header(blob, self.limits)
+        except BundleError as exc:
+            return str(exc)
+        return None
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -492,8 +686,11 @@ class CacheSession:
 
 
 def nearest_fingerprint(store: Store, prefix: str, scopes: Sequence[str], key: str,
-                        parts: Mapping[str, object], limits: Limits = bundlemod.DEFAULT_LIMITS) -> str | None:
+                        parts: Mapping[str, object]) -> str | None:
     """Why nothing was found: the stored fingerprint closest to ``key`` and what differs from ``parts``.
+
+    It reads the listing of ``prefix`` and the header of one object (a ranged read), nothing more: the
+    header is unverified, so what it says is only shown, cut short, never acted on.
 
     Folders are ``prefix/scope/<4-part key>``. Closeness: shared key segments, preferring the
     session's own scopes, then the newest object."""
@@ -514,18 +711,18 @@ def nearest_fingerprint(store: Store, prefix: str, scopes: Sequence[str], key: s
     _rank, folder, name, scope = best
     stored_key = "/".join(folder.split("/")[-len(mine):])
     diffs: list[str] = []
-    try:
-        blob = store.get(folder, name, limits.max_object_bytes)
-        header = bundlemod.decode_header(blob, limits)[0] if blob is not None else None
-    except (StoreError, BundleError):
-        header = None
-    producer = header.extra.get("producer") if header is not None else None
+    head = store.head(folder, name, bundlemod.HEADER_PREFIX_BYTES)
+    doc = bundlemod.peek_header(head) if head is not None else None
+    producer = doc.get("producer") if doc is not None else None
     theirs = producer.get("fingerprint_parts") if isinstance(producer, dict) else None
     if isinstance(theirs, dict):
         for name_ in sorted(set(parts) | set(theirs)):
-            if name_ not in ("device",) and parts.get(name_) != theirs.get(name_):
-                diffs.append(f"{name_} {theirs.get(name_)!r} here {parts.get(name_)!r}")
+            mine_, other_ = parts.get(name_), theirs.get(name_)
+            if name_ == "env" and isinstance(mine_, dict) and isinstance(other_, dict):
+                diffs.extend(envpolicy.env_differences(other_, mine_))  # names each variable; shows no hidden value
+            elif name_ not in ("device",) and mine_ != other_:
+                diffs.append(f"{name_[:80]} {other_!r:.120} here {mine_!r:.120}")
     else:
         diffs = [f"key part {i + 1}: {b!r} here {a!r}" for i, (a, b) in enumerate(zip(mine, stored_key.split("/"), strict=True))
                  if a != b]
-    return f"nearest stored fingerprint is {stored_key} (scope {scope}); it differs in: " + ("; ".join(diffs) or "?")
+    return redact(f"nearest stored fingerprint is {stored_key} (scope {scope}); it differs in: " + ("; ".join(diffs) or "?"))

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from .errors import MegacacheError
+from .errors import MegacacheError, redact_cut
 
 MERGE_TIMEOUT = 60.0  # at least this long: the child imports torch
 
@@ -80,5 +80,5 @@ def merge_profiles(base: bytes | None, copies: Sequence[bytes], timeout: float =
     out = proc.stdout
     if proc.returncode != 0 or not out or out[:1] not in (b"S", b"M"):
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        raise ProfileMergeError(tail[0][:300])
+        raise ProfileMergeError(redact_cut(tail[0]))
     return None if out[:1] == b"S" else out[1:]

@@ -10,6 +10,8 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,14 +20,14 @@ import pytest
 
 from . import ci_env
 from . import report as reportmod
-from .errors import BundleError, MegacacheWarning, redact
+from .errors import MegacacheWarning, redact, redact_cut
 from .fingerprint import Fingerprint, TorchUnavailable, compute
 from .settings import OPTIONS, Settings, SettingsError, resolve
-from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, PostImportHook, TorchAdapter, counter_sum, disable_precompiled_headers
+from .torch_adapter import PostImportHook, TorchAdapter, disable_precompiled_headers
 
 if TYPE_CHECKING:
     from .bundle import Entries, Entry
-    from .core import CacheSession
+    from .core import CacheSession, Diagnosis
     from .files import FileRoot
 
 # The cache machinery (core, bundle, stores, xdist: zstandard, boto3, thread pools) is imported only once
@@ -87,6 +89,7 @@ class MegacachePlugin:
         self.adapter: TorchAdapter | None = None
         self.report: dict[str, Any] | None = None
         self.warned: list[str] = []
+        self._warned_upto = 0  # warned holds every problem; those before this index were said already
         self.signing_keys: list[bytes] = []
         self.scope = self.default_scope = "main"
         self.role = "worker" if hasattr(config, "workerinput") else "solo"  # "controller" decided at start
@@ -117,8 +120,12 @@ class MegacachePlugin:
         except ValueError as exc:
             self._inactive(f"MEGACACHE_SIGNING_KEY is unusable: {exc}")
             return
+        if settings.require_signature and not self.signing_keys:
+            self._inactive("signatures are required (--megacache-require-signature) but MEGACACHE_SIGNING_KEY is "
+                           "empty or unset, so nothing is restored or uploaded")
+            return
         # Before the fingerprint, which covers TORCHINDUCTOR_* settings: xdist workers inherit the variable.
-        self.pch_disabled = disable_precompiled_headers()
+        disable_precompiled_headers()
         try:
             self.fingerprint = compute()
         except TorchUnavailable as exc:
@@ -133,13 +140,10 @@ class MegacachePlugin:
             self.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
         if self.role == "worker":
             self._worker_dirs()
-        job = hashlib.sha256(f"{settings.prefix}\0{self.fingerprint.key}\0{config.rootpath.name}".encode())
-        TorchAdapter.set_job_id(f"megacache-{job.hexdigest()[:16]}")
         if settings.precompile:
             why_not = TorchAdapter.enable_precompile()
             if why_not:
-                self.warned.append(f"--megacache-precompile ignored: {why_not}")
-                config.issue_config_time_warning(MegacacheWarning(self.warned[-1]), stacklevel=2)
+                self._config_warning(f"--megacache-precompile ignored: {why_not}")
 
     def _check_rootdir(self) -> None:
         """``pytest --megacache-dir /outside/the/project`` (a space, no test paths): pytest picks its rootdir
@@ -152,15 +156,18 @@ class MegacachePlugin:
         if self.config.inipath is None and store.is_relative_to(root) and not store.is_relative_to(invoked):
             message = (f"pytest took the --megacache-dir value for a test path (rootdir {root}), so the project's "
                        f"ini file was not read; write --megacache-dir={cli_dir} or set MEGACACHE_DIR")
-            self.warned.append(message)
-            self.config.issue_config_time_warning(MegacacheWarning(message), stacklevel=2)
+            self._config_warning(message)
 
     def _inactive(self, reason: str) -> None:
         self.reason = reason
-        self.warned.append(f"pytest-megacache is inactive: {reason}")
         if self.settings.strict:
             raise pytest.UsageError(f"pytest-megacache (strict): {reason}")
-        self.config.issue_config_time_warning(MegacacheWarning(self.warned[-1]), stacklevel=2)
+        self._config_warning(f"pytest-megacache is inactive: {reason}")
+
+    def _config_warning(self, message: str) -> None:
+        self._problem(message)
+        self._warned_upto = len(self.warned)
+        self.config.issue_config_time_warning(MegacacheWarning(message), stacklevel=3)
 
     def _worker_dirs(self) -> None:
         """Each xdist worker compiles into its own directories unless the user chose them (then they are
@@ -176,10 +183,31 @@ class MegacachePlugin:
     def active(self) -> bool:
         return self.reason is None
 
-    def _warn(self, message: str) -> None:
-        message = redact(message)
-        self.warned.append(message)
-        warnings.warn(MegacacheWarning(message), stacklevel=2)
+    def _problem(self, message: str) -> None:
+        """A problem of this session: all of them are said in one warning at its end (:meth:`_warn_once`)."""
+        self.warned.append(redact(message))
+
+    def _warn_once(self) -> None:
+        pending = self.warned[self._warned_upto:]
+        self._warned_upto = len(self.warned)
+        if pending:
+            more = f" (and {len(pending) - 1} more: " + "; ".join(pending[1:]) + ")" if len(pending) > 1 else ""
+            warnings.warn(MegacacheWarning(pending[0] + more), stacklevel=2)
+
+    @contextmanager
+    def _contained(self, what: str) -> Iterator[None]:
+        """The boundary: no exception of any type from the cache machinery, a store, a bundle, torch's cache
+        API or the environment reaches pytest (or the test that triggered a compile); it becomes a problem."""
+        try:
+            yield
+        except pytest.UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            message = f"{what} failed unexpectedly: {type(exc).__name__}: {redact_cut(str(exc))}"
+            if self.session is not None:
+                self.session.problem(message)
+            else:
+                self._problem(message)
 
     def _folder(self, scope: str) -> str:
         assert self.fingerprint is not None
@@ -209,39 +237,44 @@ class MegacachePlugin:
         if self.role == "solo" and self.config.pluginmanager.getplugin("dsession") is not None:
             self.role = "controller"
         self.adapter = TorchAdapter(self._on_first_compile)
-        # Strict runs restore up front so a problem stops the session before any test runs; an xdist
-        # controller stages for its workers at once. Otherwise the restore starts, in the background, when
-        # the session imports torch (or, failing that, on the first compile).
+        # Strict runs restore up front (and wait for it, within its budget) so a problem stops the session
+        # before any test runs; an xdist controller stages for its workers at once. Otherwise the restore
+        # starts, in the background, when the session imports torch (or, failing that, on the first compile).
         if self.settings.strict or self.role == "controller" or "torch" in sys.modules:
             self._start_cache()
         else:
             self._torch_hook = PostImportHook("torch", lambda _module: self._start_cache())
             sys.meta_path.insert(0, self._torch_hook)
         self.adapter.install()
+        if self.settings.strict and self.session is not None:
+            self.session.wait_restore()
+            if self.session.problems:
+                raise pytest.UsageError("pytest-megacache (strict): " + "; ".join(map(redact, self.session.new_problems())))
 
     def _start_cache(self) -> None:
-        with self._start_lock:
+        with self._contained("starting the restore"), self._start_lock:
             if self.session is not None or self.fingerprint is None:
                 return
             self._build_session(self.fingerprint)
-        assert self.session is not None
-        self.session.start_restore(background=not self.settings.strict)
-        if self.settings.strict and self.session.problems:
-            raise pytest.UsageError("pytest-megacache (strict): " + "; ".join(self.session.new_problems()))
+            assert self.session is not None
+            self.session.start_restore()
 
     def _build_session(self, fingerprint: Fingerprint) -> None:
         from . import xdist
-        from .core import CacheSession
+        from .core import CacheSession, Diagnosis
         from .stores import from_settings
 
         settings = self.settings
         store_factory = lambda: from_settings(settings)  # noqa: E731
         folders = [self._folder(self.scope), self._folder(self.default_scope)]
         roots = self._roots()
+        diagnosis: Diagnosis | None = Diagnosis(settings.prefix, [self.scope, self.default_scope], fingerprint.key,
+                                                fingerprint.parts)
         if self.role == "worker":
             stage = self._worker_stage()
             store_factory = lambda: xdist.StagedStore(stage, settings.timeout)  # noqa: E731
             folders = [xdist.STAGE_FOLDER]
+            diagnosis = None
         elif self.role == "controller":
             roots = []  # the controller runs no tests; workers restore files into their own directories
             self.stage_dir = xdist.make_stage_dir()
@@ -256,11 +289,12 @@ class MegacachePlugin:
             compact_after=settings.compact_after,
             signing_keys=self.signing_keys if self.role != "worker" else (),
             meta={"scope": self.scope, "fingerprint_parts": fingerprint.parts, **self._meta},
+            restore_timeout=settings.timeout,
+            upload_timeout=settings.upload_timeout,
+            diagnosis=diagnosis,
         )
         if self.role == "worker":
             self.session.restore_stats.source = "controller"
-        else:
-            self.session.diagnose = self._diagnose
         if self.role == "controller":
             self.session.after_restore = self._stage
 
@@ -280,21 +314,16 @@ class MegacachePlugin:
         info = workerinput.get(xdist.KEY) or {}
         return xdist.unpack_remote_stage(info.get("blob"))
 
-    def _diagnose(self, session: CacheSession) -> str | None:
-        from .core import nearest_fingerprint
-
-        assert self.fingerprint is not None
-        return nearest_fingerprint(session.store(), self.settings.prefix, [self.scope, self.default_scope],
-                                   self.fingerprint.key, self.fingerprint.parts)
-
     def _on_first_compile(self) -> None:
+        """Called by torch's compile-start callback: nothing may escape into the compile (or the test)."""
         self._start_cache()
         session, adapter = self.session, self.adapter
         if session is None or adapter is None:
             return
-        session.load_into_torch(self.settings.timeout)
-        if self.settings.compile_threads == "auto" and session.expects_full_coverage(self.selection):
-            self.single_thread = adapter.single_compile_thread()
+        with self._contained("loading the restored artifacts into torch"):
+            session.load_into_torch()
+            if self.settings.compile_threads == "auto" and session.expects_full_coverage(self.selection):
+                self.single_thread = adapter.single_compile_thread()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -304,11 +333,12 @@ class MegacachePlugin:
         if self.session is None or self.stage_dir is None:
             return
         info: dict[str, Any] = {"stage": str(self.stage_dir), "host": socket.gethostname()}
-        if not getattr(getattr(node.gateway, "spec", None), "popen", False):
-            # A remote worker cannot read our disk: wait for the restore and send the staged object.
-            self.session.wait_restore(self.settings.timeout)
-            staged = sorted((self.stage_dir / xdist.STAGE_FOLDER).glob("*.mcb"))
-            info["blob"] = staged[0].read_bytes() if staged else None
+        with self._contained("staging the cache for a remote xdist worker"):
+            if not getattr(getattr(node.gateway, "spec", None), "popen", False):
+                # A remote worker cannot read our disk: wait for the restore and send the staged object.
+                self.session.wait_restore()
+                staged = sorted((self.stage_dir / xdist.STAGE_FOLDER).glob("*.mcb"))
+                info["blob"] = staged[0].read_bytes() if staged else None
         node.workerinput[xdist.KEY] = info
 
     @pytest.hookimpl(optionalhook=True)
@@ -334,8 +364,9 @@ class MegacachePlugin:
                     self.worker_profiles.setdefault(entry.ident, []).append(entry)
                 else:
                     self.worker_entries.add(entry)
-        except (OSError, BundleError) as exc:
-            self.session.problem(f"xdist worker {worker}'s artifacts were refused: {exc}")
+        except Exception as exc:  # noqa: BLE001 - OSError, BundleError or whatever a broken hand-over provokes
+            self.session.problem(f"xdist worker {worker}'s artifacts were refused: {type(exc).__name__}: "
+                                 f"{redact_cut(str(exc))}")
         self.worker_outputs.append(output)
         for problem in output.get("problems", []):
             self.session.problem(f"[{worker}] {problem}")
@@ -357,26 +388,44 @@ class MegacachePlugin:
         adapter = self.adapter
         if adapter is None:
             return (yield)
-        if self.session is not None and self.session.roots and any(r.name == "triton" for r in self.session.roots):
-            # User @triton.jit kernels compile at first launch, outside our compile callbacks: have their
-            # cache entries in place before the first test runs.
-            self.session.wait_restore(self.settings.timeout)
-        adapter.ensure_registered()
-        adapter.begin_test(item.nodeid)
+        with self._contained("preparing a test"):
+            if self.session is not None and any(r.name == "triton" for r in self.session.roots):
+                # User @triton.jit kernels compile at first launch, outside our compile callbacks: have their
+                # cache entries in place before the first test runs (paid once: later waits return at once).
+                self.session.wait_restore()
+            adapter.ensure_registered()
+            adapter.begin_test(item.nodeid)
         try:
             return (yield)
         finally:
-            adapter.end_test()
+            with self._contained("accounting a test"):
+                adapter.end_test()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> None:
         # torch._dynamo.reset() (common in fixtures) drops compile callbacks: put ours back.
         if self.adapter is not None:
-            self.adapter.ensure_registered()
+            with self._contained("registering torch's compile callbacks"):
+                self.adapter.ensure_registered()
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         stats = None
+        with self._contained("finishing the session"):
+            stats = self._finish()
+        if self.role == "worker":
+            return
+        with self._contained("writing the report"):
+            self._write_report(stats)
+        if self.session is not None:
+            for problem in self.session.new_problems():
+                self._problem(problem)
+        self._warn_once()
+        if self.settings.strict and self.warned and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _finish(self) -> dict[str, Any] | None:
+        """Upload (or hand over, on a worker) and account; the session's stats, or None if it never started."""
         if self._torch_hook is not None:
             self._torch_hook.remove()
         if self.adapter is not None:
@@ -384,22 +433,28 @@ class MegacachePlugin:
         if self.session is None and self.active and self.role == "worker":
             workeroutput: dict[str, Any] = getattr(self.config, "workeroutput", {})
             workeroutput["megacache"] = {"idle": True, "problems": []}  # never imported torch
-        if self.session is not None and self.adapter is not None:
-            if self.role == "worker":
-                self._finish_worker()
-            else:
-                self.session.finish(self.adapter if self.role == "solo" else None, self.settings.timeout,
-                                    workers=[o.get("torch", {}) for o in self.worker_outputs],
-                                    worker_entries=self.worker_entries if self.role == "controller" else None,
-                                    worker_profiles=self.worker_profiles)
-                self._check_unused()
-            stats = self.session.stats()
-            stats["torch"]["single_compile_thread"] = self.single_thread
-            stats["xdist"] = {"role": self.role, "workers": len(self.worker_outputs), "lost": self.lost_workers}
-            for problem in self.session.new_problems():
-                self._warn(problem)
+        if self.session is None or self.adapter is None:
+            return None
         if self.role == "worker":
-            return
+            self._finish_worker()
+            return None
+        cs = self.session
+        cs.finish(self.adapter if self.role == "solo" else None,
+                  workers=[o.get("torch", {}) for o in self.worker_outputs],
+                  worker_entries=self.worker_entries if self.role == "controller" else None,
+                  worker_profiles=self.worker_profiles)
+        cs.check_unused(self.selection)
+        cs.wait_diagnosis()
+        self.notes.extend(cs.notes)
+        stats = cs.stats()
+        stats["torch"]["single_compile_thread"] = self.single_thread
+        stats["xdist"] = {"role": self.role, "workers": len(self.worker_outputs), "lost": self.lost_workers}
+        return stats
+
+    def _write_report(self, stats: dict[str, Any] | None) -> None:
+        if self.session is not None:  # the report lists every problem, these included
+            for problem in self.session.new_problems():
+                self._problem(problem)
         settings = asdict(self.settings)
         settings["store"] = self.settings.store_label()
         if settings["endpoint_url"]:
@@ -421,14 +476,12 @@ class MegacachePlugin:
             try:
                 reportmod.write_json(self.settings.report, self.report)
             except OSError as exc:
-                self._warn(f"cannot write the report to {self.settings.report}: {exc}")
+                self._problem(f"cannot write the report to {self.settings.report}: {exc}")
         if self.active:
             try:
                 reportmod.append_step_summary(self.report, durations=self.settings.durations)
             except OSError as exc:
-                self._warn(f"cannot append to GITHUB_STEP_SUMMARY: {exc}")
-        if self.settings.strict and self.warned and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+                self._problem(f"cannot append to GITHUB_STEP_SUMMARY: {exc}")
 
     def _finish_worker(self) -> None:
         """Account, then hand what this worker compiled (and the controller lacks) to the controller."""
@@ -436,35 +489,19 @@ class MegacachePlugin:
 
         assert self.session is not None and self.adapter is not None and self.fingerprint is not None
         cs = self.session
-        cs.wait_restore(self.settings.timeout)
-        ts = cs.account(self.adapter)
-        output: dict[str, Any] = {"torch": {k: v for k, v in asdict(ts).items() if k != "layers"},
-                                  "selection": self.selection, "restore": asdict(cs.restore_stats)}
-        if ts.compiled and self.settings.writes:
-            # A profile (pgo) this worker grew counts as new too: the controller merges the workers' copies.
-            new = cs.collect(self.adapter).minus(cs.restored)
-            try:
+        output: dict[str, Any] = {}
+        with self._contained("handing over to the xdist controller"):
+            cs.wait_restore()
+            ts = cs.account(self.adapter)
+            output.update({"torch": {k: v for k, v in asdict(ts).items() if k != "layers"},
+                           "selection": self.selection, "restore": asdict(cs.restore_stats)})
+            if ts.compiled and self.settings.writes:
+                # A profile (pgo) this worker grew counts as new too: the controller merges the workers' copies.
+                new = cs.collect(self.adapter).minus(cs.restored)
                 output.update(xdist.hand_over(self.stage_dir, self.worker_id, new, self.fingerprint.key))
-            except (OSError, BundleError) as exc:
-                cs.problem(f"could not hand the new artifacts to the controller: {exc}")
-        output["problems"] = cs.new_problems()
+        output["problems"] = [redact(p) for p in cs.new_problems()]
         workeroutput: dict[str, Any] = getattr(self.config, "workeroutput", {})
         workeroutput[xdist.KEY] = output
-
-    def _check_unused(self) -> None:
-        cs = self.session
-        if cs is None:
-            return
-        r, t = cs.restore_stats, cs.torch_stats
-        c = t.counters
-        hits, misses = counter_sum(c, HIT_COUNTERS), counter_sum(c, MISS_COUNTERS)
-        if r.objects_used and t.compiled and hits == 0 and misses > 0:
-            cs.problem(
-                f"restored {r.objects_used} object(s) but torch hit none of them ({misses} misses). Likely causes: "
-                "an Inductor or Dynamo setting that differs from the run that stored them (TORCHINDUCTOR_* / "
-                "TORCH_* environment, config patches, OMP_NUM_THREADS), changed model code, or tests that "
-                "compile other graphs than the run that stored them"
-            )
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.report is None or (not self.active and not self.settings.enabled):

@@ -40,12 +40,20 @@ OPTIONS: tuple[Option, ...] = (
            "readwrite (default), read (restore only), write (upload only) or off."),
     Option("strict", "--megacache-strict", "MEGACACHE_STRICT", "megacache_strict", "bool", False,
            "Turn cache problems into errors instead of warnings."),
+    Option("require_signature", "--megacache-require-signature", "MEGACACHE_REQUIRE_SIGNATURE",
+           "megacache_require_signature", "bool", False,
+           "Fail closed: restore and upload nothing unless MEGACACHE_SIGNING_KEY holds a key (an empty secret is "
+           "GitHub's value for a missing one)."),
     Option("files", "--megacache-files", "MEGACACHE_FILES", "megacache_files", "bool", True,
            "Carry the compiled files mega-cache leaves out, such as CPU C++ kernels (yes/no; default: yes)."),
     Option("report", "--megacache-report", "MEGACACHE_REPORT", "megacache_report", "str", None,
            "Write a JSON report of what the cache did to this path."),
     Option("timeout", "--megacache-timeout", "MEGACACHE_TIMEOUT", "megacache_timeout", "float", 120.0,
-           "Seconds a compile waits for the restore before going on cold (default: 120)."),
+           "Wall-clock budget of the restore, in seconds from its start (connecting, listing, fetching); "
+           "compiles wait for it this long at most, in all, then the session goes on cold (default: 120)."),
+    Option("upload_timeout", "--megacache-upload-timeout", "MEGACACHE_UPLOAD_TIMEOUT", "megacache_upload_timeout",
+           "float", 60.0, "Wall-clock budget of the upload at session end, compaction included, in seconds; past it "
+                          "the session ends without it (default: 60)."),
     Option("compact_after", "--megacache-compact-after", "MEGACACHE_COMPACT_AFTER", "megacache_compact_after", "int", 8,
            "Merge a fingerprint's objects into one once it has more than this many (default: 8)."),
     Option("scope", "--megacache-scope", "MEGACACHE_SCOPE", "megacache_scope", "str", None,
@@ -77,6 +85,8 @@ class Settings:
     files: bool = True
     report: str | None = None
     timeout: float = 120.0
+    upload_timeout: float = 60.0
+    require_signature: bool = False
     compact_after: int = 8
     scope: str | None = None
     default_scope: str | None = None

@@ -13,11 +13,12 @@ import secrets
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .errors import StoreError
+from .errors import StoreError, redact_cut
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -72,6 +73,10 @@ class Store(Protocol):
         """Every object below ``prefix`` at any depth, as (folder, info); invalid names are skipped."""
         ...
 
+    def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
+        """The first ``nbytes`` of an object (a ranged GET on S3), or None if it is gone."""
+        ...
+
 
 def _split_key(prefix: str, key: str) -> tuple[str, str] | None:
     """``prefix/a/b/name.mcb`` -> (``prefix/a/b``, ``name.mcb``) when both parts are valid."""
@@ -106,6 +111,11 @@ class MemoryStore:
         if len(item[0]) > max_bytes:
             raise StoreError(f"object {name} is {len(item[0])} bytes, over the limit of {max_bytes}", "too-large")
         return item[0]
+
+    def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
+        with self._lock:
+            item = self.objects.get((validate_folder(folder), name))
+        return None if item is None else item[0][:nbytes]
 
     def put(self, folder: str, name: str, data: bytes) -> None:
         if not valid_object_name(name):
@@ -164,6 +174,18 @@ class LocalDirStore:
                 if size > max_bytes:
                     raise StoreError(f"object {name} is {size} bytes, over the limit of {max_bytes}", "too-large")
                 return fh.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
+
+    def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
+        if not valid_object_name(name):
+            raise StoreError(f"bad object name {name[:80]!r}")
+        path = self._dir(folder) / name
+        try:
+            with open(path, "rb") as fh:
+                return fh.read(nbytes)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -242,8 +264,7 @@ def _classify(exc: BaseException) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text[:300]
+    return redact_cut(str(exc) or type(exc).__name__)
 
 
 class S3Store:
@@ -267,22 +288,34 @@ class S3Store:
         except (BotoCoreError, ClientError) as exc:
             raise StoreError(f"S3 {what} on bucket {self.bucket!r} failed: {_describe(exc)}", _classify(exc)) from exc
 
-    def list(self, folder: str) -> list[ObjectInfo]:
-        base = validate_folder(folder) + "/"
-        out = []
-        token = None
+    def _listing(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """Every item of a ``list_objects_v2`` listing under ``prefix``, page by page.
+
+        A non-conforming endpoint that says a page is truncated but gives no new continuation token (or the
+        same one again) would make a naive loop ask forever: that is an error here."""
+        token: str | None = None
+        seen: set[str] = set()
         while True:
-            kwargs: dict[str, Any] = {"Prefix": base}
+            kwargs: dict[str, Any] = {"Prefix": prefix}
             if token:
                 kwargs["ContinuationToken"] = token
             page = self._call("list", self.client.list_objects_v2, **kwargs)
-            for item in page.get("Contents", []):
-                name = str(item["Key"])[len(base):]
-                if valid_object_name(name):
-                    out.append(ObjectInfo(name, int(item.get("Size", 0)), item["LastModified"].timestamp()))
+            yield from page.get("Contents", [])
             if not page.get("IsTruncated"):
-                break
+                return
             token = page.get("NextContinuationToken")
+            if not token or token in seen:
+                raise StoreError(f"S3 list on bucket {self.bucket!r}: the endpoint said the listing was truncated "
+                                 "but gave no new continuation token", "other")
+            seen.add(token)
+
+    def list(self, folder: str) -> list[ObjectInfo]:
+        base = validate_folder(folder) + "/"
+        out = []
+        for item in self._listing(base):
+            name = str(item["Key"])[len(base):]
+            if valid_object_name(name):
+                out.append(ObjectInfo(name, int(item.get("Size", 0)), item["LastModified"].timestamp()))
         return sorted(out, key=lambda o: o.name)
 
     def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
@@ -321,34 +354,49 @@ class S3Store:
     def walk(self, prefix: str) -> Walk:
         prefix = validate_folder(prefix)
         out = []
-        token = None
-        while True:
-            kwargs: dict[str, Any] = {"Prefix": prefix + "/"}
-            if token:
-                kwargs["ContinuationToken"] = token
-            page = self._call("list", self.client.list_objects_v2, **kwargs)
-            for item in page.get("Contents", []):
-                split = _split_key(prefix, str(item["Key"]))
-                if split is not None:
-                    out.append((split[0], ObjectInfo(split[1], int(item.get("Size", 0)),
-                                                     item["LastModified"].timestamp())))
-            if not page.get("IsTruncated"):
-                break
-            token = page.get("NextContinuationToken")
+        for item in self._listing(prefix + "/"):
+            split = _split_key(prefix, str(item["Key"]))
+            if split is not None:
+                out.append((split[0], ObjectInfo(split[1], int(item.get("Size", 0)), item["LastModified"].timestamp())))
         return sorted(out, key=lambda fo: (fo[0], fo[1].name))
+
+    def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        key = self._key(folder, name)
+        try:
+            response = self._call("get", self.client.get_object, Key=key, Range=f"bytes=0-{max(0, nbytes - 1)}")
+        except StoreError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        body = response["Body"]
+        try:
+            data: bytes = body.read(nbytes)
+        except Exception as exc:
+            raise StoreError(f"S3 read of {key} failed: {_describe(exc)}", "unreachable") from exc
+        finally:
+            body.close()
+        return data
+
+
+# Requests per S3 call, the first one included (botocore's ``max_attempts`` would count retries only: 3 made 4).
+ATTEMPTS = 3
 
 
 def make_s3_client(endpoint_url: str | None = None, connect_timeout: float = 3.0, read_timeout: float = 30.0,
-                   max_attempts: int = 3) -> Any:
-    """A boto3 S3 client with bounded timeouts and retries. boto3 resolves credentials, the region and
-    ``AWS_ENDPOINT_URL_S3`` itself when ``endpoint_url`` is None."""
+                   attempts: int = ATTEMPTS) -> Any:
+    """A boto3 S3 client with bounded timeouts and ``attempts`` requests per call at most. boto3 resolves
+    credentials, the region and ``AWS_ENDPOINT_URL_S3`` itself when ``endpoint_url`` is None. The timeouts are
+    per connection and per socket read: the session's wall-clock budgets (:mod:`deadline`) bound the rest."""
     import boto3
     from botocore.config import Config
 
     config = Config(
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
-        retries={"max_attempts": max_attempts, "mode": "standard"},
+        retries={"total_max_attempts": attempts, "mode": "standard"},
         max_pool_connections=16,
     )
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None

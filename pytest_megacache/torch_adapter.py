@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from .errors import redact_cut
+
 COUNTER_NAMES = {
     "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),
     "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass", "autograd_cache_guard_miss"),
@@ -219,17 +221,6 @@ class TorchAdapter:
         return True
 
     @staticmethod
-    def set_job_id(job_id: str, env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
-        """A stable TORCH_COMPILE_JOB_ID so torch records and reuses dynamic-shape profiles (pgo)."""
-        if env.get("TORCH_COMPILE_JOB_ID") or env.get("TORCH_COMPILE_STICKY_PGO_KEY"):
-            return False
-        env["TORCH_COMPILE_JOB_ID"] = job_id
-        config = sys.modules.get("torch.compiler.config")
-        if config is not None and getattr(config, "job_id", None) is None:
-            config.job_id = job_id  # type: ignore[attr-defined]
-        return True
-
-    @staticmethod
     def enable_precompile() -> str | None:
         """Turn on torch's experimental caching precompile; None when done, else why not."""
         try:
@@ -252,7 +243,7 @@ class TorchAdapter:
 
             info = torch.compiler.load_cache_artifacts(container)
         except Exception as exc:  # noqa: BLE001 - any failure means a cold run, never a failed session
-            return LoadResult(False, seconds=time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}"[:300])
+            return LoadResult(False, seconds=time.perf_counter() - start, error=redact_cut(f"{type(exc).__name__}: {exc}"))
         seconds = time.perf_counter() - start
         if info is None:
             return LoadResult(False, seconds=seconds, error="torch.compiler.load_cache_artifacts returned None")

@@ -36,8 +36,10 @@ KEY_PATTERNS: dict[str, re.Pattern[str]] = {
     "aot_autograd": re.compile(r"[a-z0-9]{8,128}"),
     # Autotune keys are "<kernel dir>/<digest>.best_config", relative to Inductor's cache dir.
     "autotune": re.compile(r"[A-Za-z0-9_]{1,64}/[A-Za-z0-9_\-]{1,200}\.best_config"),
-    # PGO keys name a job (sanitized by torch into a file name); precompile keys are source ids.
-    "pgo": re.compile(_SAFE_NAME),
+    # PGO keys are "<job id>:<rank>:<tag>" with the user's TORCH_COMPILE_JOB_ID, which may hold '/' and other
+    # punctuation: torch turns them into '_' before the key names a file (pgo.code_state_path). No control
+    # characters, no leading '.', and (below) no '..' anywhere. Precompile keys are source ids.
+    "pgo": re.compile(r"[A-Za-z0-9_][^\x00-\x1f\x7f\\]{0,254}"),
     "precompile": re.compile(_SAFE_NAME),
 }
 KNOWN_TYPES = frozenset(KEY_PATTERNS)
@@ -87,8 +89,11 @@ class _Reader:
             raise BundleError(f"torch container: {what} is not base64 UTF-8") from exc
 
 
-def parse(data: bytes) -> list[tuple[str, str, bytes]]:
-    """Decode a torch mega-cache container into ``(type, key, content)`` triples, validating all of it."""
+def parse(data: bytes, skipped: list[str] | None = None) -> list[tuple[str, str, bytes]]:
+    """Decode a torch mega-cache container into ``(type, key, content)`` triples, validating all of it.
+
+    An unsafe key raises :class:`BundleError`, unless ``skipped`` is given: then that artifact alone is left
+    out and named there (the container's structure must still be whole)."""
     if len(data) < 12:
         raise BundleError("torch container too short")
     crc = int.from_bytes(data[:4], "big")
@@ -109,8 +114,15 @@ def parse(data: bytes) -> list[tuple[str, str, bytes]]:
             raise BundleError(f"torch container: {count} {artifact_type} artifacts cannot fit in {reader.left} bytes")
         for _ in range(count):
             key = reader.text(f"{artifact_type} key")
-            validate_key(artifact_type, key)
-            out.append((artifact_type, key, reader.blob(f"{artifact_type} content")))
+            content = reader.blob(f"{artifact_type} content")
+            try:
+                validate_key(artifact_type, key)
+            except BundleError as exc:
+                if skipped is None:
+                    raise
+                skipped.append(str(exc))
+                continue
+            out.append((artifact_type, key, content))
     return out
 
 

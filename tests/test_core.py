@@ -74,8 +74,8 @@ def run(store: Store, tmp_path: Path, name: str, keys: list[str], **kw: Any) -> 
     s = session(store, tmp_path, name, **kw)
     torch = FakeTorch(keys)
     s.start_restore(background=False)
-    s.load_into_torch(5, loader=torch.load)
-    s.finish(torch, 5)  # type: ignore[arg-type]
+    s.load_into_torch(loader=torch.load)
+    s.finish(torch)  # type: ignore[arg-type]
     return s, torch
 
 
@@ -118,8 +118,8 @@ def test_concurrent_writers_never_overwrite_each_other(tmp_path: Path) -> None:
     s1, s2 = session(store, tmp_path, "a"), session(store, tmp_path, "b")
     for s in (s1, s2):
         s.start_restore(background=False)
-    s1.finish(FakeTorch([KEY_A]), 5)  # type: ignore[arg-type]
-    s2.finish(FakeTorch([KEY_B]), 5)  # type: ignore[arg-type]
+    s1.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
+    s2.finish(FakeTorch([KEY_B]))  # type: ignore[arg-type]
     assert len(store.objects) == 2
     assert stored_keys(store) == {KEY_A, KEY_B}
 
@@ -132,7 +132,7 @@ def test_compaction_deletes_only_what_it_merged(tmp_path: Path) -> None:
     compactor.start_restore(background=False)
     # Another writer's object lands after the compactor listed the folder.
     late, _ = run(store, tmp_path, "late", [KEY_C])
-    compactor.finish(FakeTorch([KEY_A, KEY_B, "fd" + "d" * 50]), 5)  # type: ignore[arg-type]
+    compactor.finish(FakeTorch([KEY_A, KEY_B, "fd" + "d" * 50]))  # type: ignore[arg-type]
     assert compactor.upload_stats.compacted == 2
     assert len(store.objects) == 2  # the merged whole + the late writer's object
     assert stored_keys(store) == {KEY_A, KEY_B, KEY_C, "fd" + "d" * 50}
@@ -168,7 +168,7 @@ def test_invalid_torch_output_is_not_uploaded(tmp_path: Path) -> None:
 
     s = session(MemoryStore(), tmp_path, "h")
     s.start_restore(background=False)
-    s.finish(Hostile([KEY_A]), 5)  # type: ignore[arg-type]
+    s.finish(Hostile([KEY_A]))  # type: ignore[arg-type]
     assert any("failed validation" in p for p in s.problems)
     assert s.upload_stats.reason == "nothing new"
 
@@ -182,7 +182,7 @@ def test_files_travel_and_restore_without_overwriting(tmp_path: Path) -> None:
     kernel.write_bytes(fake_elf())
     (tmp_path / "cold" / "inductor" / "locks").mkdir()
     (tmp_path / "cold" / "inductor" / "locks" / "cabc.lock").write_text("")
-    cold.finish(FakeTorch([KEY_A]), 5)  # type: ignore[arg-type]
+    cold.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
     assert cold.upload_stats.new_entries == {"file/inductor": 1, "torch/inductor": 1}
 
     existing = tmp_path / "warm" / "inductor" / "ab" / "cabc.so"
@@ -200,7 +200,7 @@ def test_restore_thread_reports_problems_once(tmp_path: Path, background: bool) 
     store.objects[(FOLDER, "20260101T000000-1-aaaaaa.mcb")] = (b"junk", 0.0)
     s = session(store, tmp_path, "x")
     s.start_restore(background=background)
-    assert s.wait_restore(5)
+    assert s.wait_restore()
     assert s.new_problems() == [f"refused {FOLDER}/20260101T000000-1-aaaaaa.mcb: not a pytest-megacache bundle (bad magic)"]
     assert s.new_problems() == []
 
@@ -295,8 +295,8 @@ def test_a_changed_dynamic_shape_profile_is_uploaded_and_the_newest_wins(tmp_pat
         s = session(store, tmp_path, name)
         torch = ProfileTorch([KEY_A], profile)
         s.start_restore(background=False)
-        s.load_into_torch(5, loader=torch.load)
-        s.finish(torch, 5)  # type: ignore[arg-type]
+        s.load_into_torch(loader=torch.load)
+        s.finish(torch)  # type: ignore[arg-type]
         return s, torch
 
     go("one", b"dynamic-v1")

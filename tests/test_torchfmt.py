@@ -197,7 +197,7 @@ UNSAFE_KEYS = [
     ("pgo", ".."),
     ("pgo", "code..state"),
     ("pgo", ".hidden"),
-    ("pgo", "a/b"),
+    ("pgo", "a\\b"),
     ("pgo", ""),
     ("pgo", "code_state\x00"),
     ("precompile", "../x"),
@@ -267,3 +267,17 @@ def test_torch_reads_what_we_write() -> None:
     for artifact_type, key, content in ARTIFACTS:
         expected.setdefault(artifact_type, []).append([key, content.hex()])
     assert decoded == expected
+
+
+def test_pgo_keys_of_a_job_id_with_slashes_are_accepted() -> None:
+    """TORCH_COMPILE_JOB_ID=myorg/myrepo gives pgo keys like 'myorg/myrepo:None:'; torch turns '/' into '_'
+    before such a key names a file, so the container is accepted as it is."""
+    data = seal(VERSION + section("pgo", [("myorg/myrepo:None:", b"profile")]))
+    assert torchfmt.parse(data) == [("pgo", "myorg/myrepo:None:", b"profile")]
+
+
+def test_parse_can_skip_and_name_unsafe_keys() -> None:
+    data = seal(VERSION + section("pgo", [("../escape", b"bad"), ("job:None:", b"good")]))
+    skipped: list[str] = []
+    assert torchfmt.parse(data, skipped) == [("pgo", "job:None:", b"good")]
+    assert skipped == ["unsafe pgo key '../escape'"]
