@@ -96,6 +96,21 @@ class PostImportHook(importlib.abc.MetaPathFinder):
             pass
 
 
+class _SurvivesReset(list[Any]):
+    """torch's callback list, except that ``clear()`` (what ``torch._dynamo.reset()`` calls) keeps the plugin's
+    own callbacks. Nothing else changes: the user's callbacks are cleared as before, and torch iterates,
+    appends and removes as on any list."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.keep: set[Any] = set()
+
+    def clear(self) -> None:
+        kept = [cb for cb in self if cb in self.keep]
+        super().clear()
+        self.extend(kept)
+
+
 @dataclass
 class LoadResult:
     ok: bool
@@ -138,6 +153,8 @@ class TorchAdapter:
         handler = getattr(getattr(dynamo, "callback", None), "callback_handler", None)
         if handler is not None:
             for lst, cb in ((handler.start_callbacks, self._on_start), (handler.end_callbacks, self._on_end)):
+                if isinstance(lst, _SurvivesReset):
+                    lst.keep.discard(cb)
                 while cb in lst:
                     lst.remove(cb)
 
@@ -145,10 +162,18 @@ class TorchAdapter:
         handler = getattr(getattr(dynamo, "callback", None), "callback_handler", None)
         if handler is None:
             return
-        if self._on_start not in handler.start_callbacks:
-            handler.register_start_callback(self._on_start)
-        if self._on_end not in handler.end_callbacks:
-            handler.register_end_callback(self._on_end)
+        for attr, ours in (("start_callbacks", self._on_start), ("end_callbacks", self._on_end)):
+            callbacks = getattr(handler, attr, None)
+            if not isinstance(callbacks, list):
+                continue
+            if not isinstance(callbacks, _SurvivesReset):
+                # torch._dynamo.reset() clears the callback lists; a test that resets in its own body (or in a
+                # unittest setUp) would then compile without us: ours survive the clear, the user's do not.
+                callbacks = _SurvivesReset(callbacks)
+                setattr(handler, attr, callbacks)
+            callbacks.keep.add(ours)
+            if ours not in callbacks:
+                callbacks.append(ours)
 
     def _on_start(self, args: Any) -> None:
         self.compiles += 1

@@ -58,7 +58,10 @@ TWO_SHAPES = textwrap.dedent(
 
 
 def test_dynamic_shape_profile_makes_the_warm_run_compile_once(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=TWO_SHAPES)
+    """Dynamic-shape profiles are the user's opt-in (TORCH_COMPILE_JOB_ID; the plugin sets none): then they are
+    carried, keys with '/' included (torch makes them file names itself), and a warm run compiles once."""
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store"),
+                                          "TORCH_COMPILE_JOB_ID": "myorg/myrepo"}, tests=TWO_SHAPES)
     cold = project.run()
     cold.result.assert_outcomes(passed=1)
     assert cold.report is not None

@@ -1,0 +1,106 @@
+"""With the plugin on, cold or warm, torch compiles and runs the same graphs as without it.
+
+The plugin used to set TORCH_COMPILE_JOB_ID, which turns on torch's dynamic-shape profiles: a profile survives
+``torch._dynamo.reset()``, so two independent tests compiling one function with different shapes compiled
+``[static, static]`` without the plugin and ``[static, dynamic]`` with it. Here a recording backend (Inductor
+underneath, so the caches are the real ones) writes down every graph Dynamo hands it, and the three runs must
+agree graph for graph."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .helpers_torch import TorchProject
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+SHAPES = textwrap.dedent(
+    """
+    import json, os
+
+    import torch
+    from torch._inductor.compile_fx import compile_fx
+
+    def recording(gm, example_inputs):
+        symbolic = [str(type(x).__name__) for x in example_inputs if isinstance(x, torch.SymInt)]
+        with open(os.environ["GRAPHS_OUT"], "a") as fh:
+            fh.write(json.dumps({"code": gm.code, "symbolic_inputs": symbolic,
+                                 "shapes": [list(map(str, x.shape)) for x in example_inputs
+                                            if isinstance(x, torch.Tensor)]}) + "\\n")
+        return compile_fx(gm, example_inputs)
+
+    def f(x):
+        return torch.sin(x) + x.sum()
+
+    def test_small():
+        torch._dynamo.reset()
+        assert torch.compile(f, backend=recording)(torch.zeros(4)).shape == (4,)
+
+    def test_large():
+        torch._dynamo.reset()
+        assert torch.compile(f, backend=recording)(torch.zeros(9)).shape == (9,)
+    """
+)
+
+
+def graphs(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_independent_tests_compile_the_same_graphs_off_cold_and_warm(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=SHAPES)
+    seen = {}
+    for name, args in (("off", ("-p", "no:megacache")), ("cold", ()), ("warm", ())):
+        out = tmp_path / f"{name}.jsonl"
+        run = project.run(*args, env={"GRAPHS_OUT": str(out)})
+        run.result.assert_outcomes(passed=2)
+        seen[name] = graphs(out)
+        if name == "warm":
+            assert run.fx_hits == 2 and run.fx_misses == 0, run.counters  # the warm path really ran
+    assert len(seen["off"]) == 2
+    assert all(g["symbolic_inputs"] == [] for g in seen["off"])  # [static, static] without the plugin...
+    assert seen["cold"] == seen["off"]  # ...and the very same graphs with it, cold
+    assert seen["warm"] == seen["off"]  # and warm
+
+
+def test_strict_mode_passes_a_healthy_session_that_compiles_only_new_graphs(pytester: pytest.Pytester,
+                                                                            tmp_path: Path) -> None:
+    """A shard whose graphs the store does not hold yet restores objects and hits none of them: healthy (a note),
+    not a problem, so --megacache-strict does not fail it."""
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")})
+    first = project.run("-k", "test_f")
+    assert first.report is not None and first.report["upload"]["objects"] == 1
+    other = project.run("-k", "test_g", "--megacache-strict")
+    assert other.result.ret == 0, other.result.outlines[-30:]
+    other.result.assert_outcomes(passed=1, deselected=2)
+    assert other.fx_hits == 0 and other.fx_misses == 1
+    assert other.report is not None and other.report["problems"] == []
+    assert any("compiled only graphs they do not hold" in note for note in other.report["notes"])
+    assert not other.megacache_warnings()
+
+
+def test_required_signatures_fail_closed_on_an_empty_key(pytester: pytest.Pytester, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GitHub gives a missing secret as an empty string: with --megacache-require-signature nothing unsigned is
+    trusted, so nothing is restored or uploaded (one warning); under --megacache-strict the session stops."""
+    monkeypatch.setenv("MEGACACHE_SIGNING_KEY", "")
+    pytester.makepyfile("def test_one():\n    assert True\n")
+    report = tmp_path / "r.json"
+    store = tmp_path / "store"
+    result = pytester.runpytest_subprocess(f"--megacache-dir={store}", "--megacache-require-signature",
+                                           f"--megacache-report={report}")
+    result.assert_outcomes(passed=1)
+    warnings = [line for line in result.outlines if "MegacacheWarning" in line]
+    assert len(warnings) == 1 and "signatures are required" in warnings[0]
+    doc = json.loads(report.read_text())
+    assert doc["enabled"] is False and "MEGACACHE_SIGNING_KEY is empty or unset" in doc["reason"]
+    assert not store.exists()
+    strict = pytester.runpytest_subprocess(f"--megacache-dir={store}", "--megacache-require-signature",
+                                           "--megacache-strict")
+    assert strict.ret == pytest.ExitCode.USAGE_ERROR
+    assert "signatures are required" in "\n".join(strict.errlines)
