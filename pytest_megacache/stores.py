@@ -164,32 +164,27 @@ class LocalDirStore:
             raise StoreError(f"cannot list {path}: {exc.strerror or exc}", "io") from exc
         return sorted(out, key=lambda o: o.name)
 
-    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
+    def _read(self, folder: str, name: str, max_bytes: int | None, nbytes: int = -1) -> bytes | None:
+        """The object (refused over ``max_bytes``), or its first ``nbytes``; None if it is gone."""
         if not valid_object_name(name):
             raise StoreError(f"bad object name {name[:80]!r}")
         path = self._dir(folder) / name
         try:
             with open(path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
-                if size > max_bytes:
+                if max_bytes is not None and size > max_bytes:
                     raise StoreError(f"object {name} is {size} bytes, over the limit of {max_bytes}", "too-large")
-                return fh.read()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
-
-    def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
-        if not valid_object_name(name):
-            raise StoreError(f"bad object name {name[:80]!r}")
-        path = self._dir(folder) / name
-        try:
-            with open(path, "rb") as fh:
                 return fh.read(nbytes)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
+
+    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
+        return self._read(folder, name, max_bytes)
+
+    def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
+        return self._read(folder, name, None, nbytes)
 
     def put(self, folder: str, name: str, data: bytes) -> None:
         if not valid_object_name(name):

@@ -145,6 +145,15 @@ def test_get_returns_the_bytes(store: Store) -> None:
     assert store.get(FOLDER, name(1), max_bytes=len(data)) == data
 
 
+def test_head_reads_only_the_first_bytes(store: Store) -> None:
+    """The why-miss diagnosis reads one header this way (a ranged GET on S3), never a whole object."""
+    data = bytes(range(256)) * 40
+    store.put(FOLDER, name(1), data)
+    assert store.head(FOLDER, name(1), 100) == data[:100]
+    assert store.head(FOLDER, name(1), len(data) + 50) == data  # more than there is: all of it
+    assert store.head(FOLDER, name(9), 100) is None
+
+
 def test_empty_object_is_not_missing(store: Store) -> None:
     store.put(FOLDER, name(1), b"")
     assert store.get(FOLDER, name(1), max_bytes=0) == b""
