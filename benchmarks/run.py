@@ -44,7 +44,6 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -531,21 +530,18 @@ def _top_prefix(s3: S3, bucket: str) -> str:
 
 
 def restore_once(store: Any, folder: str, fingerprint: str, dest: Path) -> tuple[float, int, int]:
-    """What the plugin's restore does (pytest_megacache.core): list, fetch in parallel, validate, merge,
-    write the files. Returns (seconds, objects, entries)."""
-    from pytest_megacache import bundle, core
-    from pytest_megacache.bundle import Entries
+    """The plugin's own restore (pytest_megacache.core): list, fetch in parallel, validate, merge, write the
+    files. Returns (seconds, objects, entries)."""
+    from pytest_megacache.core import CacheSession
     from pytest_megacache.files import FileRoot
 
     start = time.perf_counter()
-    listing = store.list(folder)
-    with ThreadPoolExecutor(max_workers=max(1, min(core.FETCH_WORKERS, len(listing)))) as pool:
-        blobs = list(pool.map(lambda info: store.get(folder, info.name, 1 << 31), listing))
-    merged = Entries()
-    for blob in blobs:
-        merged.update(bundle.decode(blob, fingerprint)[1])
-    FileRoot("inductor", dest).restore(merged)
-    return time.perf_counter() - start, len(listing), len(merged)
+    session = CacheSession(store_factory=lambda: store, folder=folder, fingerprint=fingerprint,
+                           roots=[FileRoot("inductor", dest)], reads=True, writes=False)
+    session.start_restore(background=False)
+    if not session.restore_stats.ok or session.problems:
+        raise RuntimeError(f"restore failed: {'; '.join(session.problems)}")
+    return time.perf_counter() - start, session.restore_stats.objects_used, len(session.restored)
 
 
 def bench_objects(s3: S3, work: Path, repeats: int, populated: str | None, wl_name: str | None) -> list[dict[str, Any]]:

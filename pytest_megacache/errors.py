@@ -37,7 +37,9 @@ class MegacacheWarning(UserWarning):
 
 
 class MegacacheError(Exception):
-    """A cache problem raised instead of warned about (``--megacache-strict``)."""
+    """Base of the plugin's own exceptions that other code may catch (a failed profile merge, say). Never
+    raised into pytest: a cache problem is a warning, and under ``--megacache-strict`` a ``pytest.UsageError``
+    (at session start) or a failing exit status (later)."""
 
 
 class BundleError(ValueError):
