@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import textwrap
 from pathlib import Path
@@ -122,9 +123,10 @@ def test_a_fork_pull_request_restores_but_never_uploads(pytester: pytest.Pyteste
     assert sorted(p.relative_to(store).parts[1] for p in store.rglob("*.mcb")) == ["main", "pr-7"]
 
 
-def test_restored_but_unused_gives_a_warning_naming_likely_causes(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    """Objects were restored, torch compiled, and hit none of them: say so (caches restored and silently
-    unused are the most common complaint about compile caches)."""
+def test_restored_but_unloadable_blames_the_load_not_the_settings(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Objects were restored, torch refused to load them, and hit none: the one warning says the load failed
+    (it used to blame settings). The "same tests, no hit" warning naming likely causes is for objects torch
+    did load (tests/test_deadlines.py)."""
     from pytest_megacache.fingerprint import compute
 
     store = tmp_path / "store"
@@ -132,9 +134,15 @@ def test_restored_but_unused_gives_a_warning_naming_likely_causes(pytester: pyte
     folder = store.joinpath("pytest-megacache", "main", *key.split("/"))
     folder.mkdir(parents=True)
     unrelated = Entries([Entry("torch/inductor", "f" + "q" * 51, b"an FX graph this project never builds")])
-    (folder / "20260101T000000000-1-abcdef.mcb").write_bytes(bundlemod.encode(unrelated, key))
+    # Stored by a run of the very same tests (the selection digest the plugin records): were the load not the
+    # cause, "hit none" would be a problem naming settings.
+    selection = hashlib.sha256(b"test_compiled.py::test_f").hexdigest()[:32]
+    (folder / "20260101T000000000-1-abcdef.mcb").write_bytes(
+        bundlemod.encode(unrelated, key, extra={"producer": {"selection": selection}}))
     project = TorchProject(pytester, env={"MEGACACHE_DIR": str(store), "MEGACACHE_MODE": "read"})
     run = project.run("-k", "test_f")
     assert run.fx_misses == 1 and run.fx_hits == 0
     assert run.report is not None and run.report["restore"]["objects_used"] == 1
-    run.result.stdout.fnmatch_lines(["*restored 1 object(s) but torch hit none of them (* misses). Likely causes*"])
+    warnings = run.megacache_warnings()
+    assert len(warnings) == 1 and "torch did not load the restored artifacts" in warnings[0], warnings
+    assert "Likely causes" not in "\n".join(run.result.outlines)

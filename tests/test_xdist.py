@@ -187,7 +187,9 @@ def test_xdist_workers_dynamic_shape_profiles_are_merged_not_replaced(pytester: 
     merges them the way torch merges profiles, so a warm run compiles each function once, dynamic at once,
     whichever worker runs it. Keeping one worker's profile made the other function compile static, miss,
     and recompile in every warm run (seen on the H100 benchmark)."""
-    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=DYNAMIC_PAIR)
+    # Profiles are the user's opt-in: torch records them only with a job id, and the plugin sets none.
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store"), "TORCH_COMPILE_JOB_ID": "ci-job"},
+                           tests=DYNAMIC_PAIR)
     args = ("-n", "2", "--dist", "loadgroup", "-v")
     cold = project.run(*args)
     cold.result.assert_outcomes(passed=2)
