@@ -142,6 +142,7 @@ def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iter
         c.run("no-profile", env={"SCALE": "5", "AWS_PROFILE": "does-not-exist"})
         c.run("no-scheme", env={"SCALE": "5", "AWS_ENDPOINT_URL_S3": c.proxy.url.removeprefix("http://")})
         c.run("warm", env={"SCALE": "1"})
+        c.run("strict-new-graph", "--megacache-strict", env={"SCALE": "6"})
         summary = os.environ.get("MEGACACHE_FAULTS_SUMMARY")  # for a closing note: wall and warnings per fault
         if summary:
             Path(summary).write_text(json.dumps({name: {"wall": round(o.wall, 2), "rc": o.rc, "warnings": len(o.warnings),
@@ -220,3 +221,13 @@ def test_after_every_fault_the_store_is_intact(chain: Chain, s3_server: S3Server
     for key in s3_server.keys(chain.bucket):  # every stored object is whole and valid
         blob = client.get_object(Bucket=chain.bucket, Key=key)["Body"].read()
         bundlemod.decode(blob)
+
+
+def test_strict_mode_passes_a_healthy_session_that_compiles_only_new_graphs(chain: Chain) -> None:
+    """A session (a shard, new code) whose graphs the store does not hold yet restores objects and hits none of
+    them: healthy, a note and no problem, so --megacache-strict does not fail it."""
+    run = chain.outcomes["strict-new-graph"]
+    assert run.rc == 0 and not run.warnings, run.out[-3000:]
+    assert run.counter("inductor", "fxgraph_cache_hit") == 0 and run.counter("inductor", "fxgraph_cache_miss") == 1
+    assert run.report is not None and run.report["problems"] == [] and run.report["restore"]["objects_used"] >= 1
+    assert any("compiled only graphs they do not hold" in note for note in run.report["notes"])
