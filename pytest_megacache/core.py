@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from . import bundle as bundlemod
@@ -18,6 +19,7 @@ from .bundle import Entries, Entry, Limits
 from .deadline import Deadline, bounded, bounded_map
 from .errors import BundleError, StoreError, redact, redact_cut
 from .files import FileRoot
+from .report import LoadStats, RestoreStats, TorchStats, UploadStats
 from .stores import ObjectInfo, Store, new_object_name
 from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
 
@@ -29,81 +31,6 @@ FETCH_WORKERS = 8
 RESTORE_GRACE = 1.0
 MAX_COLD_SECONDS = 500  # artifacts whose cold compile seconds one object's header records
 MAX_COMPILE_SECONDS = 86_400.0  # what one recorded compile may claim to have cost
-
-
-@dataclass
-class RestoreStats:
-    attempted: bool = False
-    objects_listed: int = 0
-    objects_used: int = 0
-    objects_rejected: int = 0
-    bytes_fetched: int = 0
-    folders: dict[str, int] = field(default_factory=dict)  # objects used per folder (scope)
-    entries: dict[str, int] = field(default_factory=dict)
-    files_written: int = 0
-    files_present: int = 0
-    files_refused: list[str] = field(default_factory=list)  # kernel files cut short: not written, rebuilt
-    seconds: float = 0.0
-    ok: bool = False
-    why_miss: str | None = None  # when nothing is stored for this fingerprint: the nearest one that is
-    source: str = "store"  # "store", or "controller" for an xdist worker reading what its controller staged
-
-
-@dataclass
-class LoadStats:
-    called: bool = False
-    ok: bool = False
-    artifacts: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-    error: str | None = None
-    waited: float = 0.0  # how long the first compile waited for the restore (the restore's critical path)
-
-
-@dataclass
-class UploadStats:
-    attempted: bool = False
-    reason: str | None = None  # why nothing was uploaded
-    session_entries: int = 0
-    new_entries: dict[str, int] = field(default_factory=dict)
-    objects: int = 0
-    bytes: int = 0
-    raw_bytes: int = 0
-    compacted: int = 0  # objects merged into the uploaded one and then deleted
-    files_skipped: list[str] = field(default_factory=list)
-    profiles_merged: int = 0  # dynamic-shape profiles that xdist workers grew apart, merged as torch does
-    seconds: float = 0.0
-
-
-@dataclass
-class TorchStats:
-    compiled: bool = False
-    compiles: int = 0
-    compile_seconds: float = 0.0
-    counters: dict[str, int] = field(default_factory=dict)
-    # nodeid -> {"seconds", "compiles", "counters", "artifacts": ["type:key", ...]}
-    per_test: dict[str, dict[str, Any]] = field(default_factory=dict)
-    seconds_saved: float = 0.0  # cold compile seconds recorded for the restored artifacts this session used
-    layers: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> restored/used/new
-    workers: int = 0
-
-    @classmethod
-    def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
-        per_test = {
-            nodeid: {"seconds": round(t.seconds, 4), "compiles": t.compiles, "counters": dict(t.counters),
-                     "artifacts": [f"{typ}:{key}" for typ, key in t.artifacts]}
-            for nodeid, t in adapter.per_test.items()
-        }
-        return cls(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds, adapter.counters(), per_test)
-
-    def add(self, other: Mapping[str, Any]) -> None:
-        """Fold in another process's stats (an xdist worker's, as a dict)."""
-        self.workers += 1
-        self.compiled = self.compiled or bool(other.get("compiled"))
-        self.compiles += int(other.get("compiles", 0))
-        self.compile_seconds += float(other.get("compile_seconds", 0.0))
-        for k, v in dict(other.get("counters", {})).items():
-            self.counters[str(k)] = self.counters.get(str(k), 0) + int(v)
-        self.per_test.update(dict(other.get("per_test", {})))
 
 
 def _ident(artifact: str) -> tuple[str, str]:
@@ -155,6 +82,7 @@ class CacheSession:
         restore_timeout: float = 120.0,
         upload_timeout: float = 60.0,
         diagnosis: Diagnosis | None = None,
+        stage_dir: Path | None = None,
     ) -> None:
         self._store_factory = store_factory
         self._store: Store | None = None
@@ -172,6 +100,7 @@ class CacheSession:
         self.restore_timeout = restore_timeout
         self.upload_timeout = upload_timeout
         self.diagnosis = diagnosis
+        self.stage_dir = stage_dir  # an xdist controller's: where the restore is staged for its workers
         self.problems: list[str] = []
         self.notes: list[str] = []  # said once in the summary; not problems
         self._problem_lock = threading.Lock()
@@ -187,8 +116,6 @@ class CacheSession:
         self.upload_stats = UploadStats()
         self.torch_stats = TorchStats()
         self._thread: threading.Thread | None = None
-        # Run in the restore thread once the restore is done and before anyone may use it (xdist staging).
-        self.after_restore: Callable[[CacheSession], None] | None = None
         self._deadline: Deadline | None = None
         self._state_lock = threading.Lock()
         self._state = "idle"  # idle -> running -> committing -> done, or running -> abandoned
@@ -294,19 +221,23 @@ class CacheSession:
             if self._state in ("running", "committing"):
                 if self._state == "running":
                     self._snapshot()
-                self._run_after_restore()
+                self._stage()
                 self._settle("done")
         try:
             self._diagnose()
         finally:
             self._diagnosed.set()
 
-    def _run_after_restore(self) -> None:
-        if self.after_restore is not None:
-            try:
-                self.after_restore(self)
-            except Exception as exc:  # noqa: BLE001
-                self.problem(f"after the restore: {type(exc).__name__}: {redact_cut(str(exc))}")
+    def _stage(self) -> None:
+        """For an xdist controller: what was restored, staged for the workers before anyone may use it."""
+        if self.stage_dir is None:
+            return
+        from . import xdist
+
+        try:
+            xdist.stage(self.stage_dir, self.restored, self.fingerprint, self.restore_stats.ok)
+        except Exception as exc:  # noqa: BLE001
+            self.problem(f"staging the restore for the xdist workers: {type(exc).__name__}: {redact_cut(str(exc))}")
 
     def _snapshot(self) -> None:
         try:
@@ -675,14 +606,6 @@ class CacheSession:
         except BundleError as exc:
             return str(exc)
         return None
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "restore": asdict(self.restore_stats),
-            "load": asdict(self.load_stats),
-            "torch": asdict(self.torch_stats),
-            "upload": asdict(self.upload_stats),
-        }
 
 
 def nearest_fingerprint(store: Store, prefix: str, scopes: Sequence[str], key: str,

@@ -1,16 +1,146 @@
-"""What the cache did, for people: terminal lines, the JSON report and the GitHub step summary."""
+"""What the cache did, for people and tools: one typed session report, built in one place
+(:meth:`SessionReport.build`), rendered as terminal lines, the JSON report and the GitHub step summary.
+
+A light module: it imports no torch, zstandard or boto3 (the plugin imports it in every session)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .torch_adapter import MISS_COUNTERS, counter_sum  # a light module: it imports no torch
 
+if TYPE_CHECKING:
+    from .torch_adapter import TorchAdapter
+
 REPORT_SCHEMA = "pytest-megacache/report"
 REPORT_VERSION = 2
+
+
+@dataclass
+class RestoreStats:
+    attempted: bool = False
+    objects_listed: int = 0
+    objects_used: int = 0
+    objects_rejected: int = 0
+    bytes_fetched: int = 0
+    folders: dict[str, int] = field(default_factory=dict)  # objects used per folder (scope)
+    entries: dict[str, int] = field(default_factory=dict)
+    files_written: int = 0
+    files_present: int = 0
+    files_refused: list[str] = field(default_factory=list)  # kernel files cut short: not written, rebuilt
+    seconds: float = 0.0
+    ok: bool = False
+    why_miss: str | None = None  # when nothing is stored for this fingerprint: the nearest one that is
+    source: str = "store"  # "store", or "controller" for an xdist worker reading what its controller staged
+
+
+@dataclass
+class LoadStats:
+    called: bool = False
+    ok: bool = False
+    artifacts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str | None = None
+    waited: float = 0.0  # how long the first compile waited for the restore (the restore's critical path)
+
+
+@dataclass
+class UploadStats:
+    attempted: bool = False
+    reason: str | None = None  # why nothing was uploaded
+    session_entries: int = 0
+    new_entries: dict[str, int] = field(default_factory=dict)
+    objects: int = 0
+    bytes: int = 0
+    raw_bytes: int = 0
+    compacted: int = 0  # objects merged into the uploaded one and then deleted
+    files_skipped: list[str] = field(default_factory=list)
+    profiles_merged: int = 0  # dynamic-shape profiles that xdist workers grew apart, merged as torch does
+    seconds: float = 0.0
+
+
+@dataclass
+class TorchStats:
+    compiled: bool = False
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)
+    # nodeid -> {"seconds", "compiles", "counters", "artifacts": ["type:key", ...]}
+    per_test: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds_saved: float = 0.0  # cold compile seconds recorded for the restored artifacts this session used
+    layers: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> restored/used/new
+    workers: int = 0
+    single_compile_thread: bool = False  # the plugin ran Inductor with one compile thread (the cache covered it)
+
+    @classmethod
+    def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
+        per_test = {
+            nodeid: {"seconds": round(t.seconds, 4), "compiles": t.compiles, "counters": dict(t.counters),
+                     "artifacts": [f"{typ}:{key}" for typ, key in t.artifacts]}
+            for nodeid, t in adapter.per_test.items()
+        }
+        return cls(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds, adapter.counters(), per_test)
+
+    def add(self, other: Mapping[str, Any]) -> None:
+        """Fold in another process's stats (an xdist worker's, as a dict)."""
+        self.workers += 1
+        self.compiled = self.compiled or bool(other.get("compiled"))
+        self.compiles += int(other.get("compiles", 0))
+        self.compile_seconds += float(other.get("compile_seconds", 0.0))
+        for k, v in dict(other.get("counters", {})).items():
+            self.counters[str(k)] = self.counters.get(str(k), 0) + int(v)
+        self.per_test.update(dict(other.get("per_test", {})))
+
+
+
+@dataclass
+class XdistStats:
+    role: str = "solo"  # "solo" or "controller" (workers report to their controller, not here)
+    workers: int = 0
+    lost: list[str] = field(default_factory=list)  # workers that ended without handing anything over
+
+
+@dataclass
+class SessionReport:
+    """Everything a session says about the cache. ``restore`` and the other stats are None when the session
+    never imported torch (idle) or the plugin was off."""
+
+    enabled: bool
+    reason: str | None
+    settings: dict[str, Any]
+    fingerprint: dict[str, Any] | None
+    scope: dict[str, Any] | None
+    session_seconds: float
+    notes: list[str]
+    problems: list[str]
+    restore: RestoreStats | None = None
+    load: LoadStats | None = None
+    torch: TorchStats | None = None
+    upload: UploadStats | None = None
+    xdist: XdistStats | None = None
+
+    @property
+    def idle(self) -> bool:
+        """The session never imported torch: nothing restored or uploaded."""
+        return self.enabled and self.restore is None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "schema": REPORT_SCHEMA, "version": REPORT_VERSION, "enabled": self.enabled, "reason": self.reason,
+            "settings": self.settings, "fingerprint": self.fingerprint, "scope": self.scope, "idle": self.idle,
+            "session_seconds": round(self.session_seconds, 3), "notes": list(self.notes),
+            "problems": list(self.problems),
+        }
+        for name in ("restore", "load", "torch", "upload", "xdist"):
+            part = getattr(self, name)
+            if part is not None:
+                doc[name] = asdict(part)
+        return doc
 
 
 def human_bytes(n: float) -> str:
@@ -21,35 +151,15 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def build(*, enabled: bool, reason: str | None, settings: dict[str, Any], fingerprint: dict[str, Any] | None,
-          stats: dict[str, Any] | None, problems: list[str], session_seconds: float,
-          scope: dict[str, Any] | None = None, notes: list[str] | None = None) -> dict[str, Any]:
-    return {
-        "schema": REPORT_SCHEMA,
-        "version": REPORT_VERSION,
-        "enabled": enabled,
-        "reason": reason,
-        "settings": settings,
-        "fingerprint": fingerprint,
-        "scope": scope,
-        "idle": enabled and stats is None,  # the session never imported torch: nothing restored or uploaded
-        "session_seconds": round(session_seconds, 3),
-        **(stats or {}),
-        "notes": list(notes or []),
-        "problems": problems,
-    }
-
-
-def slowest_uncached(report: dict[str, Any], n: int) -> list[tuple[str, dict[str, Any]]]:
+def slowest_uncached(torch: TorchStats | None, n: int) -> list[tuple[str, dict[str, Any]]]:
     """The ``n`` tests with the most compile seconds that the cache did not cover (tests with misses)."""
-    per_test: dict[str, dict[str, Any]] = (report.get("torch") or {}).get("per_test", {})
-    missed = [(nodeid, t) for nodeid, t in per_test.items()
-              if counter_sum(t["counters"], MISS_COUNTERS) > 0]
+    per_test = torch.per_test if torch is not None else {}
+    missed = [(nodeid, t) for nodeid, t in per_test.items() if counter_sum(t["counters"], MISS_COUNTERS) > 0]
     return sorted(missed, key=lambda item: -float(item[1]["seconds"]))[:n]
 
 
-def _layer_line(t: dict[str, Any]) -> str:
-    c = t["counters"]
+def _layer_line(t: TorchStats) -> str:
+    c = t.counters
     parts = [
         f"FX graph {c.get('fxgraph_cache_hit', 0)} hit / {c.get('fxgraph_cache_miss', 0)} miss"
         f" / {c.get('fxgraph_cache_bypass', 0)} bypass",
@@ -58,92 +168,103 @@ def _layer_line(t: dict[str, Any]) -> str:
     ]
     if c.get("dynamo_cache_hit", 0) or c.get("dynamo_cache_miss", 0):
         parts.append(f"Dynamo precompile {c.get('dynamo_cache_hit', 0)} hit / {c.get('dynamo_cache_miss', 0)} miss")
-    for layer, used in sorted(t.get("layers", {}).items()):
+    for layer, used in sorted(t.layers.items()):
         if layer not in ("inductor", "aot_autograd"):
             parts.append(f"{layer} {used['used']} of {used['restored']} restored used")
     return "torch: " + ", ".join(parts)
 
 
-def _pairs(counts: dict[str, int]) -> str:
+def _pairs(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k.split('/', 1)[-1] if k.startswith('torch/') else k} {v}" for k, v in counts.items()) or "none"
 
 
-def terminal_lines(report: dict[str, Any], verbose: int = 0, durations: int = 0) -> list[str]:
-    if not report["enabled"]:
-        return [f"disabled: {report['reason']}"]
-    fp = report["fingerprint"] or {}
-    scope = report.get("scope") or {}
-    lines = [f"fingerprint {fp.get('key')}",
-             f"store {report['settings']['store']} (mode {report['settings']['mode']}, scope {scope.get('write')})"]
-    if "restore" not in report:
-        lines.append("idle: the session never imported torch, so nothing was restored or uploaded")
-        lines.extend(report.get("notes", []))
-        return lines
-    r, ld, t, up = report["restore"], report["load"], report["torch"], report["upload"]
-    if r["attempted"]:
-        status = "" if r["ok"] else " (failed)"
-        lines.append(
-            f"restored {r['objects_used']}/{r['objects_listed']} objects{status}, {human_bytes(r['bytes_fetched'])} "
-            f"in {r['seconds']:.2f} s: {_pairs(r['entries'])}; {r['files_written']} files written"
-            + (f", {r['objects_rejected']} objects refused" if r["objects_rejected"] else "")
-        )
-        if verbose > 0 and r.get("folders"):
-            lines.append("  from " + ", ".join(f"{folder} ({n})" for folder, n in r["folders"].items()))
-        if r.get("why_miss"):
-            lines.append(f"nothing stored for this fingerprint: {r['why_miss']}")
-    if ld["called"]:
-        lines.append(f"loaded into torch: {_pairs(ld['artifacts'])} in {ld['seconds']:.3f} s"
-                     + (f" (the first compile waited {ld['waited']:.2f} s for the restore)"
-                        if ld.get("waited", 0) >= 0.05 else "") if ld["ok"]
-                     else f"torch did not load the bundle: {ld['error']}")
-    xd = report.get("xdist") or {}
-    if t["compiled"]:
-        lines.append(_layer_line(t))
-        lines.append(
-            f"{t['compiles']} compiles, {t['compile_seconds']:.2f} s compiling"
-            + (f" across {xd['workers']} xdist workers" if xd.get("workers") else "")
-            + (f"; about {t['seconds_saved']:.1f} s of cold compiling saved" if t.get("seconds_saved") else "")
-            + ("; one compile thread (the cache covers this selection)" if t.get("single_compile_thread") else "")
-        )
-    else:
-        lines.append("torch: nothing was compiled")
-    if durations:
-        slow = slowest_uncached(report, durations)
-        lines.append(f"slowest {len(slow)} uncached compiles:" if slow else "no test compiled anything uncached")
-        lines.extend(f"  {rec['seconds']:7.2f} s  {rec['compiles']:3d} compiles  {nodeid}" for nodeid, rec in slow)
-    if up["objects"]:
-        lines.append(f"uploaded {_pairs(up['new_entries'])} new entries as {human_bytes(up['bytes'])} "
-                     f"({human_bytes(up['raw_bytes'])} raw) in {up['seconds']:.2f} s"
-                     + (f", compacting {up['compacted']} objects" if up["compacted"] else ""))
-    else:
-        lines.append(f"uploaded nothing: {up['reason']}")
-    if verbose > 0 and up["files_skipped"]:
-        lines.extend(f"  not carried: {s}" for s in up["files_skipped"][:20])
-    if xd.get("lost"):
-        lines.append(f"xdist workers that handed nothing over (their new artifacts are lost): {', '.join(xd['lost'])}")
-    lines.extend(report.get("notes", []))
-    if report["problems"]:
-        lines.append(f"{len(report['problems'])} problem(s); the session ran without that part of the cache")
+def _restore_lines(r: RestoreStats, verbose: int) -> list[str]:
+    if not r.attempted:
+        return []
+    status = "" if r.ok else " (failed)"
+    lines = [f"restored {r.objects_used}/{r.objects_listed} objects{status}, {human_bytes(r.bytes_fetched)} "
+             f"in {r.seconds:.2f} s: {_pairs(r.entries)}; {r.files_written} files written"
+             + (f", {r.objects_rejected} objects refused" if r.objects_rejected else "")]
+    if verbose > 0 and r.folders:
+        lines.append("  from " + ", ".join(f"{folder} ({n})" for folder, n in r.folders.items()))
+    if r.why_miss:
+        lines.append(f"nothing stored for this fingerprint: {r.why_miss}")
     return lines
 
 
-def markdown(report: dict[str, Any], durations: int = 0) -> str:
+def _load_line(ld: LoadStats) -> list[str]:
+    if not ld.called:
+        return []
+    if not ld.ok:
+        return [f"torch did not load the bundle: {ld.error}"]
+    waited = f" (the first compile waited {ld.waited:.2f} s for the restore)" if ld.waited >= 0.05 else ""
+    return [f"loaded into torch: {_pairs(ld.artifacts)} in {ld.seconds:.3f} s{waited}"]
+
+
+def _torch_lines(t: TorchStats, xd: XdistStats | None) -> list[str]:
+    if not t.compiled:
+        return ["torch: nothing was compiled"]
+    return [_layer_line(t),
+            f"{t.compiles} compiles, {t.compile_seconds:.2f} s compiling"
+            + (f" across {xd.workers} xdist workers" if xd is not None and xd.workers else "")
+            + (f"; about {t.seconds_saved:.1f} s of cold compiling saved" if t.seconds_saved else "")
+            + ("; one compile thread (the cache covers this selection)" if t.single_compile_thread else "")]
+
+
+def _upload_lines(up: UploadStats, verbose: int) -> list[str]:
+    if up.objects:
+        lines = [f"uploaded {_pairs(up.new_entries)} new entries as {human_bytes(up.bytes)} "
+                 f"({human_bytes(up.raw_bytes)} raw) in {up.seconds:.2f} s"
+                 + (f", compacting {up.compacted} objects" if up.compacted else "")]
+    else:
+        lines = [f"uploaded nothing: {up.reason}"]
+    if verbose > 0 and up.files_skipped:
+        lines.extend(f"  not carried: {s}" for s in up.files_skipped[:20])
+    return lines
+
+
+def terminal_lines(report: SessionReport, verbose: int = 0, durations: int = 0) -> list[str]:
+    if not report.enabled:
+        return [f"disabled: {report.reason}"]
+    fp, scope = report.fingerprint or {}, report.scope or {}
+    lines = [f"fingerprint {fp.get('key')}",
+             f"store {report.settings['store']} (mode {report.settings['mode']}, scope {scope.get('write')})"]
+    r, ld, t, up = report.restore, report.load, report.torch, report.upload
+    if r is None or ld is None or t is None or up is None:
+        lines.append("idle: the session never imported torch, so nothing was restored or uploaded")
+        return lines + report.notes
+    lines += _restore_lines(r, verbose) + _load_line(ld) + _torch_lines(t, report.xdist)
+    if durations:
+        slow = slowest_uncached(t, durations)
+        lines.append(f"slowest {len(slow)} uncached compiles:" if slow else "no test compiled anything uncached")
+        lines.extend(f"  {rec['seconds']:7.2f} s  {rec['compiles']:3d} compiles  {nodeid}" for nodeid, rec in slow)
+    lines += _upload_lines(up, verbose)
+    if report.xdist is not None and report.xdist.lost:
+        lines.append("xdist workers that handed nothing over (their new artifacts are lost): "
+                     + ", ".join(report.xdist.lost))
+    lines.extend(report.notes)
+    if report.problems:
+        lines.append(f"{len(report.problems)} problem(s); the session ran without that part of the cache")
+    return lines
+
+
+def markdown(report: SessionReport, durations: int = 0) -> str:
     out = ["### pytest-megacache", ""]
     out.extend(f"- {line}" if not line.startswith("  ") else f"  - {line.strip()}"
                for line in terminal_lines(report, durations=durations))
-    out.extend(f"- :warning: {p}" for p in report["problems"])
+    out.extend(f"- :warning: {p}" for p in report.problems)
     return "\n".join(out) + "\n"
 
 
-def write_json(path: str, report: dict[str, Any]) -> None:
+def write_json(path: str, report: SessionReport) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, target)
 
 
-def append_step_summary(report: dict[str, Any], env: dict[str, str] | None = None, durations: int = 0) -> None:
+def append_step_summary(report: SessionReport, env: Mapping[str, str] | None = None, durations: int = 0) -> None:
     path = (env if env is not None else os.environ).get("GITHUB_STEP_SUMMARY")
     if path:
         with open(path, "a", encoding="utf-8") as fh:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle as bundlemod
-from .bundle import Entries
-from .errors import BundleError, StoreError
+from .bundle import Entries, Entry
+from .errors import BundleError, StoreError, redact_cut
 from .stores import LocalDirStore, ObjectInfo, new_object_name
 
 STAGE_FOLDER = "staged"
@@ -120,3 +120,42 @@ def take_over(output: dict[str, Any], fingerprint: str) -> Entries:
 
 def worker_dir(base: str, worker_id: str) -> str:
     return f"{base.rstrip(os.sep)}-{worker_id}"
+
+
+class Takeover:
+    """The controller's side of the hand-over: what each worker's ``workeroutput`` says, merged. Plain data in
+    (one dict per worker), typed out; a worker whose output is missing or refused costs only its own work."""
+
+    def __init__(self, fingerprint: str) -> None:
+        self.fingerprint = fingerprint
+        self.entries = Entries()
+        self.profiles: dict[tuple[str, str], list[Entry]] = {}  # every worker's copy: merged at the end
+        self.torch: list[dict[str, Any]] = []  # each worker's torch figures
+        self.lost: list[str] = []
+        self.problems: list[str] = []
+        self.selection: str | None = None
+
+    @property
+    def workers(self) -> int:
+        return len(self.torch)
+
+    def take(self, worker: str, output: dict[str, Any] | None, error: object) -> None:
+        if output is None:
+            self.lost.append(worker)
+            self.problems.append(f"xdist worker {worker} ended without handing over its cache work "
+                                 f"({error or 'no output'}); only its new artifacts are lost")
+            return
+        try:
+            for entry in take_over(output, self.fingerprint):
+                if entry.kind in bundlemod.MUTABLE_KINDS:
+                    self.profiles.setdefault(entry.ident, []).append(entry)
+                else:
+                    self.entries.add(entry)
+        except Exception as exc:  # noqa: BLE001 - OSError, BundleError or whatever a broken hand-over provokes
+            self.problems.append(f"xdist worker {worker}'s artifacts were refused: {type(exc).__name__}: "
+                                 f"{redact_cut(str(exc))}")
+        self.torch.append(dict(output.get("torch", {})))
+        self.problems.extend(f"[{worker}] {problem}" for problem in output.get("problems", []))
+        if self.selection is None and output.get("selection"):
+            # Every worker collects the whole selection: the first one's digest is the session's.
+            self.selection = str(output["selection"])

@@ -1,0 +1,117 @@
+"""What a session knows before it runs: settings, fingerprint, scopes, signing keys, and why the plugin is
+off if it is. Built once at configure time by :func:`activate`, in every role (a plain session, an xdist
+controller, a worker), and handed to the role's plugin object. No pytest here: the hooks module passes in
+what it read from pytest's config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import ci_env
+from .fingerprint import Fingerprint, TorchUnavailable, compute
+from .keys import parse_signing_keys
+from .settings import Settings
+from .torch_adapter import TorchAdapter, disable_precompiled_headers
+
+if TYPE_CHECKING:
+    from .files import FileRoot
+
+
+@dataclass
+class Context:
+    settings: Settings
+    fingerprint: Fingerprint | None = None
+    scope: str = "main"  # written to
+    default_scope: str = "main"  # read too
+    signing_keys: tuple[bytes, ...] = ()
+    reason: str | None = None  # why the plugin does nothing this session (off, or inactive)
+    inactive: bool = False  # the reason is a problem (a store was configured), not a choice
+    notes: list[str] = field(default_factory=list)  # said once in the summary, not warnings
+    problems: list[str] = field(default_factory=list)  # found at configure time (each warned at once)
+
+    @property
+    def active(self) -> bool:
+        return self.reason is None and self.fingerprint is not None
+
+    def folder(self, scope: str) -> str:
+        assert self.fingerprint is not None
+        return f"{self.settings.prefix}/{scope}/{self.fingerprint.key}"
+
+    def roots(self) -> list[FileRoot]:
+        """The cache directories whose compiled files travel (mega-cache leaves them out)."""
+        from .files import FileRoot, inductor_cache_dir, triton_cache_dir, triton_installed
+
+        if not self.settings.files:
+            return []
+        roots = [FileRoot("inductor", inductor_cache_dir())]
+        if triton_installed():
+            roots.append(FileRoot("triton", triton_cache_dir()))
+        return roots
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What :func:`activate` needs from pytest's config."""
+
+    rootpath: Path
+    invoked_from: Path
+    inipath: Path | None
+    cli_dir: str | None  # --megacache-dir as given on the command line
+
+
+def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] | None = None,
+             notes: list[str] | None = None) -> Context:
+    env = os.environ if env is None else env
+    ctx = Context(settings, notes=list(notes or []))
+    if settings.mode == "off":
+        ctx.reason = "mode off"
+        return ctx
+    if not settings.enabled:
+        ctx.reason = "no store configured; set --megacache-bucket or --megacache-dir"
+        return ctx
+    try:
+        ctx.signing_keys = tuple(parse_signing_keys(env.get("MEGACACHE_SIGNING_KEY")))
+    except ValueError as exc:
+        return _inactive(ctx, f"MEGACACHE_SIGNING_KEY is unusable: {exc}")
+    if settings.require_signature and not ctx.signing_keys:
+        return _inactive(ctx, "signatures are required (--megacache-require-signature) but MEGACACHE_SIGNING_KEY is "
+                              "empty or unset, so nothing is restored or uploaded")
+    # Before the fingerprint, which covers TORCHINDUCTOR_* settings: xdist workers inherit the variable.
+    disable_precompiled_headers()
+    try:
+        ctx.fingerprint = compute()
+    except TorchUnavailable as exc:
+        return _inactive(ctx, str(exc))
+    _check_rootdir(ctx, invocation)
+    root = str(invocation.rootpath)
+    scope, _source = ci_env.current_scope(env, root)
+    ctx.default_scope = settings.default_scope or ci_env.default_scope(env, root)
+    ctx.scope = settings.scope or scope or ctx.default_scope
+    if not ctx.signing_keys and settings.reads:
+        ctx.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
+    if settings.precompile:
+        why_not = TorchAdapter.enable_precompile()
+        if why_not:
+            ctx.problems.append(f"--megacache-precompile ignored: {why_not}")
+    return ctx
+
+
+def _inactive(ctx: Context, reason: str) -> Context:
+    ctx.reason, ctx.inactive = reason, True
+    ctx.problems.append(f"pytest-megacache is inactive: {reason}")
+    return ctx
+
+
+def _check_rootdir(ctx: Context, invocation: Invocation) -> None:
+    """``pytest --megacache-dir /outside/the/project`` (a space, no test paths): pytest picks its rootdir
+    before plugins' options are known, takes the value for a test path, and misses the project's ini."""
+    if not invocation.cli_dir:
+        return
+    store, root = Path(invocation.cli_dir).absolute(), invocation.rootpath
+    if invocation.inipath is None and store.is_relative_to(root) and not store.is_relative_to(invocation.invoked_from):
+        ctx.problems.append(f"pytest took the --megacache-dir value for a test path (rootdir {root}), so the project's "
+                            f"ini file was not read; write --megacache-dir={invocation.cli_dir} or set MEGACACHE_DIR")
