@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "example_project"
 sys.path.insert(0, str(ROOT))  # pytest_megacache from this checkout, for the objects check
 sys.path.insert(0, str(ROOT / "demo"))
-from local_s3 import LocalS3, clean_env  # the demo's embedded S3 server  # noqa: E402
+from local_s3 import LocalS3, clean_env  # the S3 server the demo and the tests use too  # noqa: E402
 
 THREADS_FLAG = "--megacache-compile-threads"
 NAIVE_ZSTD_LEVEL = 3
@@ -367,8 +367,8 @@ def naive_unpack(archive: Path, dest: Path) -> tuple[Dirs, float]:
 # --- one workload, every mode ----------------------------------------------------------------------
 def bucket_bytes(s3: S3, bucket: str) -> tuple[int, int]:
     """(objects, bytes) of the cache objects a bucket holds."""
-    objs = [o for o in s3.client().list_objects_v2(Bucket=bucket).get("Contents", []) if o["Key"].endswith(".mcb")]
-    return len(objs), sum(int(o["Size"]) for o in objs)
+    sizes = [size for key, size in s3.objects(bucket) if key.endswith(".mcb")]
+    return len(sizes), sum(sizes)
 
 
 def bench_xdist(runner: Runner, wl: Workload, rep: int, base: Path, workers: int) -> list[Run]:
@@ -523,7 +523,7 @@ def _bucket_entries(s3: S3, bucket: str) -> Any:
 
 
 def _top_prefix(s3: S3, bucket: str) -> str:
-    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+    keys = s3.keys(bucket)
     if not keys:
         raise RuntimeError(f"bucket {bucket} is empty")
     return str(keys[0].split("/", 1)[0])

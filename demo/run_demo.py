@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from local_s3 import LocalS3, clean_env  # beside this script (shared with benchmarks/run.py)
+from local_s3 import LocalS3, clean_env  # beside this script (shared with benchmarks/run.py and tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR = ROOT / "demo"

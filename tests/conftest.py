@@ -3,66 +3,24 @@
 from __future__ import annotations
 
 import os
-import socket
-import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
+# The one moto helper the demo and the benchmarks use too; re-exported here under the names tests import.
+from demo.local_s3 import S3_ENV as S3_ENV
+from demo.local_s3 import LocalS3
+from demo.local_s3 import free_port as free_port
+
 pytest_plugins = ["pytester"]
 
-S3_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class S3Server:
-    """A moto S3 server over HTTP on loopback, shared by the test session."""
-
-    def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-
-    def client(self) -> Any:
-        import boto3
-
-        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
-
-    def new_bucket(self) -> str:
-        name = f"mc-{uuid.uuid4().hex[:16]}"
-        self.client().create_bucket(Bucket=name)
-        return name
-
-    def keys(self, bucket: str, prefix: str = "") -> list[str]:
-        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
-
-    def env(self) -> dict[str, str]:
-        """Environment for a subprocess that should reach this server through boto3's own settings."""
-        return {**S3_ENV, "AWS_ENDPOINT_URL_S3": self.url}
+S3Server = LocalS3  # a moto S3 server over HTTP on loopback, shared by the test session
 
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    server = S3Server()
-    server.server.start()
-    try:
+    with S3Server() as server:
         yield server
-    finally:
-        server.server.stop()
 
 
 @pytest.fixture
