@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCOPE_MAX = 100
-_SCOPE_OK = re.compile(r"[A-Za-z0-9_.+\-]")
+from .layout import SCOPE_MAX, SEGMENT_CHAR
+
 _PULL_REF = re.compile(r"refs/pull/(\d{1,12})/(?:merge|head)")
 _MAX_SMALL_FILE = 64 * 1024  # .git/HEAD, a .git file, commondir, refs/remotes/origin/HEAD
 _MAX_EVENT_FILE = 64 << 20  # GitHub's event payload
@@ -123,13 +123,13 @@ def is_fork_pull_request(env: Mapping[str, str]) -> ForkCheck:
 
 
 def sanitize_scope(name: str) -> str:
-    """Make ``name`` one safe path segment: ``[A-Za-z0-9_.+-]{1,100}``, not starting with a dot.
+    """Make ``name`` a scope (:func:`.layout.valid_scope`): ``[A-Za-z0-9_.+-]{1,100}``, not starting with a dot.
 
     ``/`` becomes ``+`` (``feature/x`` -> ``feature+x``), any other character ``_``; leading dots go, and so does
     any ``..``. A name longer than 100 characters keeps its first 91 and gains ``-`` and 8 hex digits of the
     original name's SHA-256, so long names that share a prefix stay apart. An empty result is ``_``.
     """
-    out = "".join(c if _SCOPE_OK.fullmatch(c) else "+" if c == "/" else "_" for c in name)
+    out = "".join(c if SEGMENT_CHAR.fullmatch(c) else "+" if c == "/" else "_" for c in name)
     out = out.lstrip(".")
     while ".." in out:
         out = out.replace("..", "._")
@@ -243,15 +243,16 @@ def current_scope(env: Mapping[str, str], cwd: str | os.PathLike[str]) -> tuple[
     return None, why
 
 
-def default_scope(env: Mapping[str, str], cwd: str | os.PathLike[str]) -> str:
+def default_scope(env: Mapping[str, str], cwd: str | os.PathLike[str], explicit: str | None = None) -> str:
     """The scope every run may read: the default branch, sanitized.
 
-    ``MEGACACHE_DEFAULT_SCOPE`` if set, else the event payload's ``repository.default_branch``, else the
-    branch ``refs/remotes/origin/HEAD`` points to in the git repository above ``cwd``, else ``main``.
+    ``explicit`` if given and not blank (the caller passes ``--megacache-default-scope``, which
+    :mod:`.settings` resolved from every source, ``MEGACACHE_DEFAULT_SCOPE`` included: this function does not
+    read that variable), else the event payload's ``repository.default_branch``, else the branch
+    ``refs/remotes/origin/HEAD`` points to in the git repository above ``cwd``, else ``main``.
     """
-    explicit = env.get("MEGACACHE_DEFAULT_SCOPE", "").strip()
-    if explicit:
-        return sanitize_scope(explicit)
+    if explicit and explicit.strip():
+        return sanitize_scope(explicit.strip())
     doc, _why = _event_payload(env)
     branch = _get(doc, "repository", "default_branch")
     if isinstance(branch, str) and branch:

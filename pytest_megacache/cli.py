@@ -4,9 +4,9 @@ Commands: ``key`` (this environment's fingerprint), ``inspect`` (validate bundle
 store), ``ls`` (what the store holds, per scope and fingerprint), ``prune`` (delete by age and/or a size
 budget), ``pull`` and ``push`` (copy objects between the store and a local directory store).
 
-The store layout these commands read is ``<prefix>/<scope>/<fingerprint key>/<object name>.mcb``: one
-segment of scope (a branch, '/' written as '+') and four of fingerprint key. Anything else under the
-prefix is left alone (and counted in ``ls``).
+The store layout these commands read is ``<prefix>/<scope>/<fingerprint key>/<object name>.mcb``
+(:class:`.layout.Layout`): one segment of scope (a branch, '/' written as '+') and four of fingerprint key.
+Anything else under the prefix is left alone (and counted in ``ls``).
 
 Errors are one line on stderr, never a traceback: a bad argument or setting exits with 2, a store failure or
 anything unexpected with 1. An object that fails validation is refused on a line naming it, and the others are
@@ -33,9 +33,10 @@ from typing import TextIO
 from . import bundle as bundlemod
 from .errors import BundleError, StoreError, redact
 from .fingerprint import TorchUnavailable, compute
+from .layout import FINGERPRINT_SEGMENTS, SCOPE_MAX, Layout, valid_key, valid_scope
 from .report import human_bytes
 from .settings import OPTIONS, Settings, SettingsError, resolve
-from .stores import LocalDirStore, ObjectInfo, Store, from_settings, valid_object_name
+from .stores import LocalDirStore, ObjectInfo, Store, from_settings
 
 PROG = "pytest-megacache"
 PROGRESS_MIN_BYTES = 4 * 1000 * 1000  # transfers above this (decimal MB, as human_bytes prints) show progress
@@ -44,8 +45,6 @@ PROGRESS_MIN_BYTES = 4 * 1000 * 1000  # transfers above this (decimal MB, as hum
 CLI_FLAGS = {"bucket": "--bucket", "directory": "--dir", "prefix": "--prefix", "endpoint_url": "--endpoint-url"}
 STORE_FIELDS = tuple(CLI_FLAGS)
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
-FINGERPRINT_PARTS = 4
-_SEGMENT = re.compile(r"[A-Za-z0-9_.+\-]{1,200}")
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?b?|b)?", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
@@ -132,7 +131,7 @@ class StoredObject:
 
     @property
     def folder(self) -> str:
-        return f"{self.prefix}/{self.scope}/{self.fingerprint}"
+        return Layout(self.prefix).folder(self.scope, self.fingerprint)
 
     @property
     def path(self) -> str:
@@ -141,7 +140,9 @@ class StoredObject:
 
 
 @dataclass(frozen=True)
-class Selection:
+class ObjectFilter:
+    """Which stored objects a command works on: one scope and/or one fingerprint, or all."""
+
     scope: str | None = None  # None: every scope
     fingerprint: str | None = None  # None: every fingerprint
 
@@ -151,14 +152,15 @@ class Selection:
 
 def scan(store: Store, prefix: str) -> tuple[list[StoredObject], int]:
     """The objects below ``prefix`` that follow the layout, and how many others were ignored."""
+    layout = Layout(prefix)
     objects: list[StoredObject] = []
     ignored = 0
     for folder, info in store.walk(prefix):
-        parts = folder[len(prefix) + 1:].split("/") if folder.startswith(prefix + "/") else []
-        if len(parts) != 1 + FINGERPRINT_PARTS:
+        parsed = layout.parse_folder(folder)
+        if parsed is None:
             ignored += 1
             continue
-        objects.append(StoredObject(prefix, parts[0], "/".join(parts[1:]), info))
+        objects.append(StoredObject(prefix, *parsed, info))
     return objects, ignored
 
 
@@ -187,18 +189,10 @@ def _scope(text: str | None) -> str | None:
     if text is None:
         return None
     scope = text.replace("/", "+")  # a branch name as the plugin writes it
-    if not _valid_segment(scope):
-        raise UsageProblem(f"--scope {text!r}: a scope is one segment of letters, digits and '_.+-'")
+    if not valid_scope(scope):
+        raise UsageProblem(f"--scope {text!r}: a scope is one segment of letters, digits and '_.+-' "
+                           f"(at most {SCOPE_MAX}, not starting with '.')")
     return scope
-
-
-def _valid_segment(part: str) -> bool:
-    return bool(_SEGMENT.fullmatch(part)) and part not in (".", "..")
-
-
-def _valid_key(key: str) -> bool:
-    parts = key.split("/")
-    return len(parts) == FINGERPRINT_PARTS and all(_valid_segment(p) for p in parts)
 
 
 def _fingerprint(text: str) -> str | None:
@@ -210,14 +204,14 @@ def _fingerprint(text: str) -> str | None:
         if key is None:
             raise UsageProblem("--fingerprint this: no usable torch here to compute the fingerprint from")
         return key
-    if not _valid_key(text):
-        raise UsageProblem(f"--fingerprint {text!r}: expected this, all or a key of {FINGERPRINT_PARTS} segments "
+    if not valid_key(text):
+        raise UsageProblem(f"--fingerprint {text!r}: expected this, all or a key of {FINGERPRINT_SEGMENTS} segments "
                            "(as `pytest-megacache key` prints it)")
     return text
 
 
-def _selection(args: argparse.Namespace) -> Selection:
-    return Selection(_scope(args.scope), _fingerprint(getattr(args, "fingerprint", "all")))
+def _object_filter(args: argparse.Namespace) -> ObjectFilter:
+    return ObjectFilter(_scope(args.scope), _fingerprint(getattr(args, "fingerprint", "all")))
 
 
 # --- ls ----------------------------------------------------------------------------------------------
@@ -278,16 +272,16 @@ def _ls_lines(groups: list[Group], this: str | None, now: float, verbose: bool) 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     store, settings = _open_store(args)
-    selection = _selection(args)
+    only = _object_filter(args)
     this = _this_key()
     objects, ignored = scan(store, settings.prefix)
-    groups = group(o for o in objects if selection.matches(o))
+    groups = group(o for o in objects if only.matches(o))
     now = time.time()
     if args.json:
         print(json.dumps([_group_json(g, this, now) for g in groups], indent=2))
         return 0
     if not groups:
-        print(f"no objects in {settings.store_label()}" + ("" if selection == Selection() else " matching the filter"))
+        print(f"no objects in {settings.store_label()}" + ("" if only == ObjectFilter() else " matching the filter"))
     else:
         print("\n".join(_ls_lines(groups, this, now, args.verbose)))
         total = sum(g.size for g in groups)
@@ -329,12 +323,12 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     if args.older_than is None and args.max_bytes is None:
         raise UsageProblem("prune needs a criterion: --older-than DAYS and/or --max-bytes SIZE")
     store, settings = _open_store(args)
-    selection = Selection(_scope(args.scope))
-    objects = [o for o in scan(store, settings.prefix)[0] if selection.matches(o)]
+    only = ObjectFilter(_scope(args.scope))
+    objects = [o for o in scan(store, settings.prefix)[0] if only.matches(o)]
     now = time.time()
     doomed = select_for_prune(objects, args.older_than, args.max_bytes, now)
     freed = sum(o.info.size for o in doomed)
-    where = settings.store_label() + (f" (scope {selection.scope})" if selection.scope else "")
+    where = settings.store_label() + (f" (scope {only.scope})" if only.scope else "")
     left = f"{_n(len(objects) - len(doomed), 'object')} ({human_bytes(sum(o.info.size for o in objects) - freed)}) remain"
     if not doomed:
         print(f"nothing to prune in {where}: {left}")
@@ -431,11 +425,12 @@ def _keep_mtime(dst: Store, obj: StoredObject) -> None:
             os.utime(path, (obj.info.modified, obj.info.modified))
 
 
-def transfer(src: Store, dst: Store, prefix: str, selection: Selection, verb: str, verbose: bool = False,
+def transfer(src: Store, dst: Store, prefix: str, only: ObjectFilter, verb: str, verbose: bool = False,
              stream: TextIO | None = None) -> Tally:
-    """Copy the selected objects missing from ``dst`` (never overwriting), validating each one first."""
+    """Copy the objects ``only`` matches that are missing from ``dst`` (never overwriting), validating each one
+    first."""
     stream = stream or sys.stderr
-    wanted = [o for o in scan(src, prefix)[0] if selection.matches(o)]
+    wanted = [o for o in scan(src, prefix)[0] if only.matches(o)]
     present = {(folder, info.name) for folder, info in dst.walk(prefix)}
     todo = [o for o in wanted if (o.folder, o.info.name) not in present]
     tally = Tally(present=len(wanted) - len(todo))
@@ -472,9 +467,9 @@ def _summary(verb: str, tally: Tally, src_label: str, dst_label: str) -> str:
 
 def _cmd_pull(args: argparse.Namespace) -> int:
     store, settings = _open_store(args)
-    selection = _selection(args)
+    only = _object_filter(args)
     local = LocalDirStore(args.to)
-    tally = transfer(store, local, settings.prefix, selection, "pull", args.verbose)
+    tally = transfer(store, local, settings.prefix, only, "pull", args.verbose)
     print(_summary("pull", tally, settings.store_label(), f"{local.label}/{settings.prefix}"))
     return 1 if tally.refused else 0
 
@@ -483,9 +478,9 @@ def _cmd_push(args: argparse.Namespace) -> int:
     if not Path(args.from_).is_dir():
         raise UsageProblem(f"--from {args.from_}: not a directory")
     store, settings = _open_store(args)
-    selection = _selection(args)
+    only = _object_filter(args)
     local = LocalDirStore(args.from_)
-    tally = transfer(local, store, settings.prefix, selection, "push", args.verbose)
+    tally = transfer(local, store, settings.prefix, only, "push", args.verbose)
     print(_summary("push", tally, f"{local.label}/{settings.prefix}", settings.store_label()))
     return 1 if tally.refused else 0
 
@@ -542,16 +537,12 @@ def _show_bundle(label: str, blob: bytes, folder_key: str | None, verbose: bool)
 
 def _object_ref(ref: str, prefix: str) -> StoredObject:
     """``SCOPE/FINGERPRINT/NAME`` (optionally with the prefix in front) -> the object's address."""
-    text = ref.strip("/")
-    if text.startswith(prefix + "/") and len(text[len(prefix) + 1:].split("/")) == 2 + FINGERPRINT_PARTS:
-        text = text[len(prefix) + 1:]
-    parts = text.split("/")
-    key = "/".join(parts[1:-1])
-    if len(parts) != 2 + FINGERPRINT_PARTS or not _valid_segment(parts[0]) or not _valid_key(key) \
-            or not valid_object_name(parts[-1]):
+    parsed = Layout(prefix).parse_path(ref.strip("/"))
+    if parsed is None:
         raise UsageProblem(f"--store-object {ref!r}: expected SCOPE/FINGERPRINT/NAME.mcb "
                            "(as `pytest-megacache ls -v` lists them)")
-    return StoredObject(prefix, parts[0], key, ObjectInfo(parts[-1], 0, 0.0))
+    scope, key, name = parsed
+    return StoredObject(prefix, scope, key, ObjectInfo(name, 0, 0.0))
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -597,12 +588,12 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(CLI_FLAGS["directory"], "--megacache-dir", dest="directory", metavar="DIR",
                        help="local directory store (MEGACACHE_DIR)")
     group.add_argument(CLI_FLAGS["prefix"], "--megacache-prefix", dest="prefix", metavar="PREFIX",
-                       help="key prefix (MEGACACHE_PREFIX; default: pytest-megacache)")
+                       help=f"key prefix (MEGACACHE_PREFIX; default: {Settings().prefix})")
     group.add_argument(CLI_FLAGS["endpoint_url"], "--megacache-endpoint-url", dest="endpoint_url", metavar="URL",
                        help="S3-compatible endpoint (MEGACACHE_ENDPOINT_URL; AWS_ENDPOINT_URL_S3 works too)")
 
 
-def _add_selection(parser: argparse.ArgumentParser, fingerprint: bool = True) -> None:
+def _add_filter(parser: argparse.ArgumentParser, fingerprint: bool = True) -> None:
     parser.add_argument("--scope", metavar="SCOPE", help="only this scope (a branch name; '/' is read as '+')")
     if fingerprint:
         parser.add_argument("--fingerprint", default="all", metavar="this|all|KEY",
@@ -628,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.set_defaults(func=_cmd_inspect)
 
     ls = sub.add_parser("ls", help="fingerprints per scope: objects, size, ages")
-    _add_selection(ls)
+    _add_filter(ls)
     ls.add_argument("--json", action="store_true", help="a machine-readable list")
     ls.add_argument("-v", "--verbose", action="store_true", help="list every object under its fingerprint")
     _add_store_options(ls)
@@ -638,21 +629,21 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--older-than", type=_days, metavar="DAYS", help="objects last modified more than DAYS ago")
     prune.add_argument("--max-bytes", type=parse_size, metavar="SIZE",
                        help="keep the newest objects within SIZE (500MB, 2GB, bytes) in total; delete the older rest")
-    _add_selection(prune, fingerprint=False)
+    _add_filter(prune, fingerprint=False)
     prune.add_argument("--yes", action="store_true", help="delete (without it: print what would be deleted)")
     _add_store_options(prune)
     prune.set_defaults(func=_cmd_prune)
 
     pull = sub.add_parser("pull", help="copy objects from the store into a local directory store")
     pull.add_argument("--to", required=True, metavar="DIR", help="local directory store (created if needed)")
-    _add_selection(pull)
+    _add_filter(pull)
     pull.add_argument("-v", "--verbose", action="store_true", help="a line per object copied")
     _add_store_options(pull)
     pull.set_defaults(func=_cmd_pull)
 
     push = sub.add_parser("push", help="copy objects from a local directory store into the store")
     push.add_argument("--from", dest="from_", required=True, metavar="DIR", help="local directory store")
-    _add_selection(push)
+    _add_filter(push)
     push.add_argument("-v", "--verbose", action="store_true", help="a line per object copied")
     _add_store_options(push)
     push.set_defaults(func=_cmd_push)

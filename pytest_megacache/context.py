@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from . import ci_env
 from .fingerprint import Fingerprint, TorchUnavailable, compute
-from .keys import parse_signing_keys
+from .layout import Layout
 from .settings import Settings
 from .torch_adapter import TorchAdapter, disable_precompiled_headers
 
@@ -39,7 +39,7 @@ class Context:
 
     def folder(self, scope: str) -> str:
         assert self.fingerprint is not None
-        return f"{self.settings.prefix}/{scope}/{self.fingerprint.key}"
+        return Layout(self.settings.prefix).folder(scope, self.fingerprint.key)
 
     def roots(self) -> list[FileRoot]:
         """The cache directories whose compiled files travel (mega-cache leaves them out)."""
@@ -73,10 +73,9 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
     if not settings.enabled:
         ctx.reason = "no store configured; set --megacache-bucket or --megacache-dir"
         return ctx
-    try:
-        ctx.signing_keys = tuple(parse_signing_keys(env.get("MEGACACHE_SIGNING_KEY")))
-    except ValueError as exc:
-        return _inactive(ctx, f"MEGACACHE_SIGNING_KEY is unusable: {exc}")
+    if settings.signing_error:
+        return _inactive(ctx, f"MEGACACHE_SIGNING_KEY is unusable: {settings.signing_error}")
+    ctx.signing_keys = settings.signing_keys
     if settings.require_signature and not ctx.signing_keys:
         return _inactive(ctx, "signatures are required (--megacache-require-signature) but MEGACACHE_SIGNING_KEY is "
                               "empty or unset, so nothing is restored or uploaded")

@@ -19,6 +19,7 @@ from .bundle import Entries, Entry, Limits
 from .deadline import Deadline, bounded, bounded_map
 from .errors import BundleError, StoreError, redact, redact_cut
 from .files import FileRoot
+from .layout import Layout
 from .report import LoadStats, RestoreStats, TorchStats, UploadStats
 from .stores import ObjectInfo, Store, new_object_name
 from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
@@ -618,12 +619,13 @@ def nearest_fingerprint(store: Store, prefix: str, scopes: Sequence[str], key: s
     Folders are ``prefix/scope/<4-part key>``. Closeness: shared key segments, preferring the
     session's own scopes, then the newest object."""
     mine = key.split("/")
+    layout = Layout(prefix)
     best: tuple[tuple[int, int, float], str, str, str] | None = None
     for folder, info in store.walk(prefix):
-        rel = folder[len(prefix) + 1:].split("/")
-        if len(rel) != 1 + len(mine):
+        parsed = layout.parse_folder(folder)
+        if parsed is None:
             continue
-        scope, other = rel[0], rel[1:]
+        scope, other = parsed[0], parsed[1].split("/")
         if other == mine:
             continue
         rank = (sum(a == b for a, b in zip(mine, other, strict=True)), scope in scopes, info.modified)

@@ -1,5 +1,6 @@
 """Signing keys from ``MEGACACHE_SIGNING_KEY`` (kept apart from :mod:`bundle` so that reading them costs no
-zstandard import: the plugin reads them at configure time, in sessions that may never touch the cache)."""
+zstandard import: :func:`.settings.resolve` reads them at configure time, in sessions that may never touch the
+cache)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ def parse_signing_keys(text: str | None) -> list[bytes]:
     for i, part in enumerate((p for p in re.split(r"[\s,]+", text) if p), start=1):
         if len(part) < MIN_KEY_CHARS:
             raise ValueError(f"{SIGNING_KEY_ENV}: key {i} is shorter than {MIN_KEY_CHARS} characters")
-        key = part.encode("utf-8")
+        try:
+            key = part.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes in the environment: the codec's message quotes them
+            raise ValueError(f"{SIGNING_KEY_ENV}: key {i} is not valid UTF-8 text") from None
         if key not in keys:
             keys.append(key)
     return keys

@@ -203,7 +203,7 @@ class Role:
         """The one place the session report is assembled."""
         self.drain()
         ctx, cs = self.ctx, self.session
-        settings = asdict(self.settings)
+        settings = self.settings.reportable()  # no signing keys
         settings.update(store=self.settings.store_label(), explicit=sorted(self.settings.explicit),
                         signing=bool(ctx.signing_keys))
         if settings["endpoint_url"]:

@@ -1,12 +1,20 @@
-"""Settings, resolved once: command line, then environment variable, then ini file, then default."""
+"""Settings, resolved once: command line, then environment variable, then ini file, then default.
+
+Each default is stated once, on its :class:`Settings` field; :class:`Option` reads it from there (and its help
+text shows it where it says ``{default}``). ``MEGACACHE_SIGNING_KEY`` is resolved here too, into fields that
+are not options and never shown (:data:`PRIVATE_FIELDS`).
+"""
 
 from __future__ import annotations
 
 import re
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from .keys import SIGNING_KEY_ENV, parse_signing_keys
+from .layout import SCOPE_MAX, valid_prefix, valid_scope
 
 MODES = ("readwrite", "read", "write", "off")
 CHOICES = {"compile_threads": ("auto", "keep")}
@@ -14,64 +22,6 @@ CHOICES = {"compile_threads": ("auto", "keep")}
 
 class SettingsError(ValueError):
     """A bad setting; the message names where the value came from."""
-
-
-@dataclass(frozen=True)
-class Option:
-    name: str  # dataclass field
-    flag: str  # --megacache-...
-    env: str
-    ini: str
-    kind: str  # "str", "bool", "mode", "choice", "float", "int" (> 0), "count" (>= 0)
-    default: Any
-    help: str
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option("bucket", "--megacache-bucket", "MEGACACHE_BUCKET", "megacache_bucket", "str", None,
-           "S3 bucket holding the cache (boto3's standard credential chain)."),
-    Option("prefix", "--megacache-prefix", "MEGACACHE_PREFIX", "megacache_prefix", "str", "pytest-megacache",
-           "Key prefix inside the bucket or directory (default: pytest-megacache)."),
-    Option("endpoint_url", "--megacache-endpoint-url", "MEGACACHE_ENDPOINT_URL", "megacache_endpoint_url", "str", None,
-           "S3 endpoint URL for S3-compatible stores; AWS_ENDPOINT_URL_S3 is honoured too."),
-    Option("directory", "--megacache-dir", "MEGACACHE_DIR", "megacache_dir", "str", None,
-           "Local directory store (for example one persisted by actions/cache)."),
-    Option("mode", "--megacache-mode", "MEGACACHE_MODE", "megacache_mode", "mode", "readwrite",
-           "readwrite (default), read (restore only), write (upload only) or off."),
-    Option("strict", "--megacache-strict", "MEGACACHE_STRICT", "megacache_strict", "bool", False,
-           "Turn cache problems into errors instead of warnings."),
-    Option("require_signature", "--megacache-require-signature", "MEGACACHE_REQUIRE_SIGNATURE",
-           "megacache_require_signature", "bool", False,
-           "Fail closed: restore and upload nothing unless MEGACACHE_SIGNING_KEY holds a key (an empty secret is "
-           "GitHub's value for a missing one)."),
-    Option("files", "--megacache-files", "MEGACACHE_FILES", "megacache_files", "bool", True,
-           "Carry the compiled files mega-cache leaves out, such as CPU C++ kernels (yes/no; default: yes)."),
-    Option("report", "--megacache-report", "MEGACACHE_REPORT", "megacache_report", "str", None,
-           "Write a JSON report of what the cache did to this path."),
-    Option("timeout", "--megacache-timeout", "MEGACACHE_TIMEOUT", "megacache_timeout", "float", 120.0,
-           "Wall-clock budget of the restore, in seconds from its start (connecting, listing, fetching); "
-           "compiles wait for it this long at most, in all, then the session goes on cold (default: 120)."),
-    Option("upload_timeout", "--megacache-upload-timeout", "MEGACACHE_UPLOAD_TIMEOUT", "megacache_upload_timeout",
-           "float", 60.0, "Wall-clock budget of the upload at session end, compaction included, in seconds; past it "
-                          "the session ends without it (default: 60)."),
-    Option("compact_after", "--megacache-compact-after", "MEGACACHE_COMPACT_AFTER", "megacache_compact_after", "int", 8,
-           "Merge a fingerprint's objects into one once it has more than this many (default: 8)."),
-    Option("scope", "--megacache-scope", "MEGACACHE_SCOPE", "megacache_scope", "str", None,
-           "Cache scope written to (default: the branch from GITHUB_REF or git); reads fall back to the "
-           "default branch's scope."),
-    Option("default_scope", "--megacache-default-scope", "MEGACACHE_DEFAULT_SCOPE", "megacache_default_scope", "str",
-           None, "The scope every run may read (default: the repository's default branch, else main)."),
-    Option("durations", "--megacache-durations", "MEGACACHE_DURATIONS", "megacache_durations", "count", 0,
-           "List the N tests with the most uncached compile time (like --durations)."),
-    Option("compile_threads", "--megacache-compile-threads", "MEGACACHE_COMPILE_THREADS", "megacache_compile_threads",
-           "choice", "auto", "auto (default): one Inductor compile thread when the restored cache is expected to "
-                             "cover the session, sparing its worker pool; keep: torch's default."),
-    Option("precompile", "--megacache-precompile", "MEGACACHE_PRECOMPILE", "megacache_precompile", "bool", False,
-           "Experimental: turn on torch's caching precompile (Dynamo) and carry its artifacts. Off by default."),
-)
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 
 
 @dataclass(frozen=True)
@@ -94,6 +44,10 @@ class Settings:
     compile_threads: str = "auto"
     precompile: bool = False
     explicit: frozenset[str] = frozenset()  # options set by the user (any source), not defaulted
+    # From MEGACACHE_SIGNING_KEY (not an option): the keys, the first one signing, () when empty or unset; or
+    # why the value is unusable (naming a key by its position, never by its text). Never in a repr or a report.
+    signing_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    signing_error: str | None = field(default=None, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -113,6 +67,89 @@ class Settings:
         if self.directory:
             return f"dir:{self.directory}/{self.prefix}"
         return "none"
+
+    def reportable(self) -> dict[str, Any]:
+        """``dataclasses.asdict`` without :data:`PRIVATE_FIELDS`: what a report may show."""
+        return {k: v for k, v in asdict(self).items() if k not in PRIVATE_FIELDS}
+
+
+PRIVATE_FIELDS = frozenset({"signing_keys", "signing_error"})  # never in a report
+NOT_OPTIONS = frozenset({"explicit"}) | PRIVATE_FIELDS  # the Settings fields that OPTIONS does not set
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the Settings field, whose default is this option's
+    flag: str  # --megacache-...
+    env: str
+    ini: str
+    kind: str  # "str", "bool", "mode", "choice", "float", "int" (> 0), "count" (>= 0)
+    doc: str  # the help text; "{default}" in it stands for the default
+
+    @property
+    def default(self) -> Any:
+        return _DEFAULTS[self.name]
+
+    @property
+    def help(self) -> str:
+        return self.doc.format(default=shown(self.default))
+
+
+def shown(value: Any) -> str:
+    """A default as a help text shows it: ``yes``/``no``, ``120`` (not ``120.0``)."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("bucket", "--megacache-bucket", "MEGACACHE_BUCKET", "megacache_bucket", "str",
+           "S3 bucket holding the cache (boto3's standard credential chain)."),
+    Option("prefix", "--megacache-prefix", "MEGACACHE_PREFIX", "megacache_prefix", "str",
+           "Key prefix inside the bucket or directory (default: {default})."),
+    Option("endpoint_url", "--megacache-endpoint-url", "MEGACACHE_ENDPOINT_URL", "megacache_endpoint_url", "str",
+           "S3 endpoint URL for S3-compatible stores; AWS_ENDPOINT_URL_S3 is honoured too."),
+    Option("directory", "--megacache-dir", "MEGACACHE_DIR", "megacache_dir", "str",
+           "Local directory store (for example one persisted by actions/cache)."),
+    Option("mode", "--megacache-mode", "MEGACACHE_MODE", "megacache_mode", "mode",
+           "readwrite (default), read (restore only), write (upload only) or off."),
+    Option("strict", "--megacache-strict", "MEGACACHE_STRICT", "megacache_strict", "bool",
+           "Turn cache problems into errors instead of warnings."),
+    Option("require_signature", "--megacache-require-signature", "MEGACACHE_REQUIRE_SIGNATURE",
+           "megacache_require_signature", "bool",
+           "Fail closed: restore and upload nothing unless MEGACACHE_SIGNING_KEY holds a key (an empty secret is "
+           "GitHub's value for a missing one)."),
+    Option("files", "--megacache-files", "MEGACACHE_FILES", "megacache_files", "bool",
+           "Carry the compiled files mega-cache leaves out, such as CPU C++ kernels (yes/no; default: {default})."),
+    Option("report", "--megacache-report", "MEGACACHE_REPORT", "megacache_report", "str",
+           "Write a JSON report of what the cache did to this path."),
+    Option("timeout", "--megacache-timeout", "MEGACACHE_TIMEOUT", "megacache_timeout", "float",
+           "Wall-clock budget of the restore, in seconds from its start (connecting, listing, fetching); "
+           "compiles wait for it this long at most, in all, then the session goes on cold (default: {default})."),
+    Option("upload_timeout", "--megacache-upload-timeout", "MEGACACHE_UPLOAD_TIMEOUT", "megacache_upload_timeout",
+           "float", "Wall-clock budget of the upload at session end, compaction included, in seconds; past it "
+                    "the session ends without it (default: {default})."),
+    Option("compact_after", "--megacache-compact-after", "MEGACACHE_COMPACT_AFTER", "megacache_compact_after", "int",
+           "Merge a fingerprint's objects into one once it has more than this many (default: {default})."),
+    Option("scope", "--megacache-scope", "MEGACACHE_SCOPE", "megacache_scope", "str",
+           "Cache scope written to (default: the branch from GITHUB_REF or git); reads fall back to the "
+           "default branch's scope."),
+    Option("default_scope", "--megacache-default-scope", "MEGACACHE_DEFAULT_SCOPE", "megacache_default_scope", "str",
+           "The scope every run may read (default: the repository's default branch, else main)."),
+    Option("durations", "--megacache-durations", "MEGACACHE_DURATIONS", "megacache_durations", "count",
+           "List the N tests with the most uncached compile time (like --durations)."),
+    Option("compile_threads", "--megacache-compile-threads", "MEGACACHE_COMPILE_THREADS", "megacache_compile_threads",
+           "choice", "auto (default): one Inductor compile thread when the restored cache is expected to "
+                     "cover the session, sparing its worker pool; keep: torch's default."),
+    Option("precompile", "--megacache-precompile", "MEGACACHE_PRECOMPILE", "megacache_precompile", "bool",
+           "Experimental: turn on torch's caching precompile (Dynamo) and carry its artifacts. Off by default."),
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
 
 
 def _convert(opt: Option, value: Any, source: str) -> Any:
@@ -154,10 +191,10 @@ def _convert(opt: Option, value: Any, source: str) -> Any:
         raise SettingsError(f"{where}: {text!r} is not a valid S3 bucket name")
     if opt.name == "prefix":
         text = text.strip("/")
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", text) or ".." in text:
+        if not valid_prefix(text):
             raise SettingsError(f"{where}: prefix {text!r} may hold only letters, digits, '_.-' and '/'")
-    if opt.name in ("scope", "default_scope") and not re.fullmatch(r"[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,99}", text):
-        raise SettingsError(f"{where}: scope {text!r} may hold only letters, digits and '_.+-' (at most 100)")
+    if opt.name in ("scope", "default_scope") and not valid_scope(text):
+        raise SettingsError(f"{where}: scope {text!r} may hold only letters, digits and '_.+-' (at most {SCOPE_MAX})")
     if opt.name == "endpoint_url" and not re.match(r"https?://", text):
         raise SettingsError(f"{where}: {text!r} is not an http(s) URL")
     return text
@@ -168,7 +205,9 @@ def resolve(
     env: Mapping[str, str],
     ini: Callable[[str], Any],
 ) -> Settings:
-    """Resolve every option. ``cli(name)`` and ``ini(name)`` return None when unset."""
+    """Resolve every option, and the signing keys from ``env``. ``cli(name)`` and ``ini(name)`` return None when
+    unset. A bad option raises :class:`SettingsError`; an unusable signing key does not (it is no usage error:
+    the plugin turns itself off and says why), it sets ``signing_error`` instead."""
     values: dict[str, Any] = {}
     for opt in OPTIONS:
         for source, raw in (("command line", cli(opt.name)), ("environment", env.get(opt.env)), ("ini file", ini(opt.ini))):
@@ -176,7 +215,11 @@ def resolve(
                 continue
             values[opt.name] = _convert(opt, raw, source)
             break
-    settings = Settings(**values, explicit=frozenset(values))
+    try:
+        signing_keys, signing_error = tuple(parse_signing_keys(env.get(SIGNING_KEY_ENV))), None
+    except ValueError as exc:  # its message names a key by position only
+        signing_keys, signing_error = (), str(exc)
+    settings = Settings(**values, explicit=frozenset(values), signing_keys=signing_keys, signing_error=signing_error)
     if settings.bucket and settings.directory:
         raise SettingsError("set either a bucket (--megacache-bucket) or a directory (--megacache-dir), not both")
     return settings

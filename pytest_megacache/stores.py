@@ -8,7 +8,6 @@ writes a temp file and renames it). Names are validated on the way in and on the
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import tempfile
 import threading
@@ -19,13 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import StoreError, redact_cut
+from .layout import OBJECT_SUFFIX, valid_object_name, valid_segment
 
 if TYPE_CHECKING:
     from .settings import Settings
-
-OBJECT_SUFFIX = ".mcb"
-_OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,200}\.mcb")
-_KEY_PART = re.compile(r"[A-Za-z0-9_.+\-]{1,200}")
 
 
 @dataclass(frozen=True)
@@ -45,19 +41,17 @@ def new_object_name() -> str:
     return f"{stamp}-{os.getpid()}-{secrets.token_hex(6)}{OBJECT_SUFFIX}"
 
 
-def valid_object_name(name: str) -> bool:
-    return bool(_OBJECT_NAME.fullmatch(name)) and ".." not in name
-
-
 def validate_folder(folder: str) -> str:
+    """``folder`` without outer slashes, refused unless each part is a segment (:func:`.layout.valid_segment`):
+    the layout's broadest rule, as a folder holds prefix parts (which may start with a dot) as well as a scope."""
     parts = folder.strip("/").split("/")
-    if not all(_KEY_PART.fullmatch(p) and p not in (".", "..") for p in parts):
+    if not all(valid_segment(p) for p in parts):
         raise StoreError(f"unsafe folder {folder[:120]!r}", "other")
     return "/".join(parts)
 
 
 class Store(Protocol):
-    """A flat namespace of folders (``prefix/fingerprint``) holding immutable objects."""
+    """A flat namespace of folders (``prefix/scope/fingerprint``, see :mod:`.layout`) holding immutable objects."""
 
     label: str
 

@@ -11,6 +11,7 @@ import pytest
 
 from pytest_megacache import ci_env
 from pytest_megacache.ci_env import current_scope, default_scope, is_fork_pull_request, sanitize_scope
+from pytest_megacache.layout import valid_scope
 
 BASE = {"id": 100, "full_name": "octo/project", "fork": False, "default_branch": "trunk"}
 FORK = {"id": 200, "full_name": "mallory/project", "fork": True}
@@ -168,6 +169,7 @@ def test_sanitized_scope_is_one_safe_segment(name: str) -> None:
     scope = sanitize_scope(name)
     assert re.fullmatch(r"[A-Za-z0-9_+\-][A-Za-z0-9_.+\-]{0,99}", scope)
     assert ".." not in scope
+    assert valid_scope(scope)  # what the settings, the CLI and the layout accept as a scope
 
 
 # --- current_scope -----------------------------------------------------------------------------------
@@ -271,17 +273,23 @@ def test_broken_git_file(tmp_path: Path) -> None:
 def test_default_scope_precedence(tmp_path: Path, nowhere: Path) -> None:
     repo = tmp_path / "repo"
     fake_repo(repo, "ref: refs/heads/feature\n", origin_head="ref: refs/remotes/origin/develop\n")
-    env = event(tmp_path, pr_payload(BASE), MEGACACHE_DEFAULT_SCOPE="release/2.x")
-    assert default_scope(env, repo) == "release+2.x"  # explicit setting first
-    del env["MEGACACHE_DEFAULT_SCOPE"]
+    env = event(tmp_path, pr_payload(BASE))
+    assert default_scope(env, repo, explicit="release/2.x") == "release+2.x"  # explicit setting first
     assert default_scope(env, repo) == "trunk"  # then the event payload
     assert default_scope({}, repo) == "develop"  # then origin/HEAD
     assert default_scope({}, nowhere) == "main"  # then main
 
 
 def test_default_scope_ignores_an_empty_setting_and_a_bad_payload(tmp_path: Path, nowhere: Path) -> None:
-    env = event(tmp_path, "{broken", MEGACACHE_DEFAULT_SCOPE="  ")
-    assert default_scope(env, nowhere) == "main"
+    env = event(tmp_path, "{broken")
+    assert default_scope(env, nowhere, explicit="  ") == "main"
+
+
+def test_default_scope_does_not_read_the_setting_from_the_environment(tmp_path: Path, nowhere: Path) -> None:
+    # settings.resolve reads MEGACACHE_DEFAULT_SCOPE (once, with the other sources); the caller passes it in.
+    env = event(tmp_path, pr_payload(BASE), MEGACACHE_DEFAULT_SCOPE="release")
+    assert default_scope(env, nowhere) == "trunk"
+    assert default_scope(env, nowhere, explicit="release") == "release"
 
 
 def test_default_scope_from_a_worktree_reads_the_common_dir(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pytest_megacache import bundle, cli
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.fingerprint import TorchUnavailable
 from pytest_megacache.report import human_bytes
-from pytest_megacache.stores import LocalDirStore, S3Store, Store
+from pytest_megacache.stores import LocalDirStore, MemoryStore, S3Store, Store
 
 from .conftest import S3Server, free_port
 from .test_bundle import build_hostile
@@ -270,6 +270,36 @@ def test_ls_ignores_foreign_and_malformed_keys(capsys: pytest.CaptureFixture[str
     assert "extra" not in out and "short" not in out
 
 
+def test_ls_reads_scopes_as_the_layout_defines_them(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # One definition of a scope (layout.valid_scope), also for what ls lists and --scope takes: a folder part
+    # the store accepts but no session can write as a scope (a leading dot, over 100 characters) is foreign.
+    store = LocalDirStore(tmp_path)
+    data = put(store, "main", FP_A, 0)
+    store.put(f"{PREFIX}/{'s' * 101}/{FP_A}", obj_name(2), data)
+    put(store, "s" * 100, FP_A, 3)
+    assert [r["scope"] for r in ls_json(capsys, "--dir", str(tmp_path))] == ["main", "s" * 100]
+    rc, out, _err = run(capsys, "ls", "--dir", str(tmp_path))
+    assert rc == 0 and "(1 object outside the <scope>/<fingerprint>/ layout ignored)" in out
+    memory = MemoryStore()  # the directory store's walk skips dot-directories itself; S3 and memory do not
+    memory.put(f"{PREFIX}/main/{FP_A}", obj_name(0), data)
+    memory.put(f"{PREFIX}/.hidden/{FP_A}", obj_name(1), data)
+    objects, ignored = cli.scan(memory, PREFIX)
+    assert [(o.scope, o.fingerprint, o.info.name) for o in objects] == [("main", FP_A, obj_name(0))] and ignored == 1
+    for scope in (".hidden", "s" * 101):
+        rc, out, err = run(capsys, "ls", "--dir", str(tmp_path), "--scope", scope)
+        assert rc == 2 and out == "" and "a scope is one segment" in err, scope
+
+
+def test_object_filter() -> None:
+    a = cli.StoredObject(PREFIX, "main", FP_A, cli.ObjectInfo(obj_name(0), 1, 0.0))
+    b = cli.StoredObject(PREFIX, "feature+x", FP_B, cli.ObjectInfo(obj_name(1), 1, 0.0))
+    assert a.folder == f"{PREFIX}/main/{FP_A}" and a.path == f"main/{FP_A}/{obj_name(0)}"
+    assert [cli.ObjectFilter().matches(o) for o in (a, b)] == [True, True]
+    assert [cli.ObjectFilter(scope="main").matches(o) for o in (a, b)] == [True, False]
+    assert [cli.ObjectFilter(fingerprint=FP_B).matches(o) for o in (a, b)] == [False, True]
+    assert [cli.ObjectFilter("main", FP_B).matches(o) for o in (a, b)] == [False, False]
+
+
 # --- prune -------------------------------------------------------------------------------------------
 
 
@@ -380,7 +410,7 @@ def test_pull_then_push_round_trip(capsys: pytest.CaptureFixture[str], s3_env: S
     assert s3_objects(s3_env, other) == original
 
 
-def test_pull_and_push_selection(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_pull_and_push_object_filter(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     populate(LocalDirStore(tmp_path / "src"))
     rc, out, err = run(capsys, "pull", "--dir", str(tmp_path / "src"), "--to", str(tmp_path / "dst"),
                        "--scope", "main", "--fingerprint", FP_A)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache.settings import MODES, OPTIONS, Settings, SettingsError, resolve
+from pytest_megacache.settings import MODES, NOT_OPTIONS, OPTIONS, PRIVATE_FIELDS, Settings, SettingsError, resolve
 
 
 def lookup(values: Mapping[str, Any] | None = None) -> Callable[[str], Any]:
@@ -191,7 +191,8 @@ def test_modes_are_the_documented_ones() -> None:
 def test_every_settings_field_has_an_option_and_vice_versa() -> None:
     fields = {f.name: f for f in dataclasses.fields(Settings)}
     options = {o.name: o for o in OPTIONS}
-    assert set(fields) - {"explicit"} == set(options)
+    assert set(fields) - NOT_OPTIONS == set(options)
+    assert NOT_OPTIONS == {"explicit", "signing_keys", "signing_error"}
     for name, opt in options.items():
         assert fields[name].default == opt.default, name
         assert opt.flag.startswith("--megacache-"), opt.flag
@@ -216,3 +217,81 @@ def test_explicit_records_what_the_user_set() -> None:
     s = settings(env={"MEGACACHE_MODE": "readwrite"}, ini={"megacache_prefix": "p"})
     assert s.explicit == {"mode", "prefix"}
     assert settings().explicit == frozenset()
+
+
+# --- one source per default ---------------------------------------------------------------------------
+
+
+def test_option_defaults_are_the_settings_field_defaults() -> None:
+    # Stated once, on the Settings fields: an option has no default of its own to diverge.
+    assert "default" not in {f.name for f in dataclasses.fields(OPTIONS[0])}
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    for opt in OPTIONS:
+        assert opt.default is fields[opt.name].default, opt.name
+        assert getattr(Settings(), opt.name) == opt.default, opt.name
+
+
+def test_help_texts_state_the_real_default() -> None:
+    for opt in OPTIONS:
+        assert "{" not in opt.help and "}" not in opt.help, opt.name  # every placeholder filled
+        text = opt.help
+        if opt.default is None:
+            assert "(default)" not in text, opt.name  # a default in words ("the repository's default branch")
+            continue
+        if "(default)" in text:  # "readwrite (default), read ..."
+            assert text.startswith(f"{opt.default} (default)"), opt.name
+        elif "default: " in text:
+            shown = {True: "yes", False: "no"}.get(opt.default, f"{opt.default:g}" if isinstance(opt.default, float)
+                                                    else str(opt.default))
+            assert f"default: {shown})" in text, opt.name
+        elif "by default" in text:
+            assert opt.default is False and "Off by default" in text, opt.name
+
+
+# --- MEGACACHE_SIGNING_KEY, resolved with the rest ------------------------------------------------------
+
+KEY_A = "first-signing-key-0123456789"
+KEY_B = "second-signing-key-987654321"
+
+
+@pytest.mark.parametrize("value", [None, "", "  ", " , \n"])
+def test_no_signing_key(value: str | None) -> None:
+    s = settings(env={} if value is None else {"MEGACACHE_SIGNING_KEY": value})
+    assert s.signing_keys == () and s.signing_error is None
+    assert s == Settings()
+
+
+def test_signing_keys_are_resolved_from_the_environment() -> None:
+    s = settings(env={"MEGACACHE_SIGNING_KEY": f"{KEY_A}, {KEY_B}"})
+    assert s.signing_keys == (KEY_A.encode(), KEY_B.encode())
+    assert s.signing_error is None
+    assert "signing_keys" not in s.explicit  # not an option: no flag, no ini, nothing "set by the user"
+
+
+@pytest.mark.parametrize("value", [f"{KEY_A},short-secret", f"{KEY_A} x\udcffsurrogate-secret-key"],
+                         ids=["too-short", "not-utf8"])
+def test_an_unusable_signing_key_is_an_error_field_not_a_usage_error(value: str) -> None:
+    s = settings(env={"MEGACACHE_SIGNING_KEY": value})  # no SettingsError: the plugin turns itself off instead
+    assert s.signing_keys == ()
+    assert s.signing_error is not None and s.signing_error.startswith("MEGACACHE_SIGNING_KEY: key 2 ")
+    assert "secret" not in s.signing_error and KEY_A not in s.signing_error
+
+
+def test_signing_keys_stay_out_of_reprs_and_reports() -> None:
+    s = settings(env={"MEGACACHE_SIGNING_KEY": KEY_A})
+    assert KEY_A not in repr(s) and "signing" not in repr(s)
+    assert dataclasses.asdict(s)["signing_keys"] == (KEY_A.encode(),)  # asdict still works
+    reportable = s.reportable()
+    assert set(reportable) == {f.name for f in dataclasses.fields(Settings)} - PRIVATE_FIELDS
+    assert PRIVATE_FIELDS == {"signing_keys", "signing_error"}
+    assert KEY_A not in repr(reportable)
+    bad = settings(env={"MEGACACHE_SIGNING_KEY": "short"})
+    assert "signing" not in repr(bad) and "signing_error" not in bad.reportable()
+
+
+def test_the_default_scope_setting_comes_from_every_source() -> None:
+    # Resolved here once (ci_env.default_scope does not read MEGACACHE_DEFAULT_SCOPE itself).
+    assert settings(env={"MEGACACHE_DEFAULT_SCOPE": "release+2.x"}).default_scope == "release+2.x"
+    assert settings(ini={"megacache_default_scope": "trunk"}).default_scope == "trunk"
+    with pytest.raises(SettingsError, match="scope"):
+        settings(env={"MEGACACHE_DEFAULT_SCOPE": "release/2.x"})

@@ -16,6 +16,7 @@ import pytest
 
 from pytest_megacache import stores
 from pytest_megacache.errors import StoreError
+from pytest_megacache.layout import valid_object_name
 from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store
 
 from .conftest import S3Server, free_port
@@ -235,7 +236,7 @@ def test_put_refuses_bad_object_names(store: Store, bad_name: str) -> None:
 def test_new_object_names_are_unique_and_valid() -> None:
     names = [stores.new_object_name() for _ in range(1000)]
     assert len(set(names)) == 1000
-    assert all(stores.valid_object_name(n) for n in names)
+    assert all(valid_object_name(n) for n in names)
     assert all(re.fullmatch(rf"\d{{8}}T\d{{9}}-{os.getpid()}-[0-9a-f]{{12}}\.mcb", n) for n in names)
 
 
@@ -246,14 +247,23 @@ def test_new_object_names_are_accepted_by_every_store(store: Store) -> None:
 
 
 def test_valid_object_name() -> None:
-    assert stores.valid_object_name("20250101T000000-1-abc.mcb")
+    assert valid_object_name("20250101T000000-1-abc.mcb")
     for bad in ("../a.mcb", "a/b.mcb", "a.mcb/", "-a.mcb", "a.mcbx", "a" * 210 + ".mcb", "a..mcb"):
-        assert not stores.valid_object_name(bad), bad
+        assert not valid_object_name(bad), bad
 
 
 def test_validate_folder_normalizes() -> None:
     assert stores.validate_folder("/a/b/") == "a/b"
     assert stores.validate_folder("pytest-megacache/torch-2.13.0+cpu/x") == "pytest-megacache/torch-2.13.0+cpu/x"
+
+
+def test_validate_folder_takes_any_segment_not_only_scopes() -> None:
+    # The stores' rule is the layout's broadest: a prefix part may start with a dot and a segment may be
+    # 200 characters long, which a scope may not.
+    assert stores.validate_folder(".cache/pytest-megacache/main") == ".cache/pytest-megacache/main"
+    assert stores.validate_folder("p/" + "s" * 200) == "p/" + "s" * 200
+    with pytest.raises(StoreError, match="unsafe folder"):
+        stores.validate_folder("p/" + "s" * 201)
 
 
 # --- S3: failures, classified for real ---------------------------------------------------------------
