@@ -18,7 +18,7 @@ from . import envpolicy
 from .bundle import Entries, Entry, Limits
 from .deadline import Deadline, bounded, bounded_map
 from .errors import BundleError, StoreError, redact, redact_cut
-from .files import FileRoot
+from .files import FileRoot, torch_cache_ident
 from .layout import Layout
 from .report import LoadStats, RestoreStats, TorchStats, UploadStats
 from .stores import ObjectInfo, Store, new_object_name
@@ -390,9 +390,19 @@ class CacheSession:
                 self.problem(f"torch's saved artifacts failed validation, not uploading them: {exc}")
             if refused:  # one artifact with an odd key costs that artifact, not all of them
                 self.problem(f"not uploading {len(refused)} of torch's artifacts: {'; '.join(refused[:3])}")
+        # torch's on-disk cache entries that neither this process recorded nor the restore brought: compiled
+        # by a child process (torchrun, mp.spawn, subprocess) into the same directory. They travel as files.
+        known = {e.ident for e in session} | {e.ident for e in self.restored.of_kind_prefix(bundlemod.TORCH_PREFIX)}
         for root in self.roots:
             entries, skipped = root.collect(self.before.get(root.kind, set()))
-            session.update(entries)
+            for entry in entries:
+                ident = torch_cache_ident(entry.name) if root.name == "inductor" else None
+                if ident in known:
+                    continue  # mega-cache carries it
+                if ident is not None:
+                    layer = ident[0][len(bundlemod.TORCH_PREFIX):]
+                    self.torch_stats.other_processes[layer] = self.torch_stats.other_processes.get(layer, 0) + 1
+                session.add(entry)
             self.upload_stats.files_skipped.extend(skipped)
         return session
 
@@ -520,7 +530,7 @@ class CacheSession:
         if not self.writes:
             up.reason = "read-only mode"
             return
-        if not self.torch_stats.compiled:
+        if not self.torch_stats.compiled and not self.roots:
             up.reason = "nothing was compiled"
             return
         if self.store_down:
@@ -545,7 +555,9 @@ class CacheSession:
         new = session.minus(self.restored)  # a profile that changed under its key counts as new
         up.new_entries = new.counts()
         if not new:
-            up.reason = "nothing new"  # collecting and comparing what the session saved
+            # Collecting and comparing what the session saved (a child process may have compiled even when
+            # this one did not: the cache directories are looked at either way).
+            up.reason = "nothing new" if self.torch_stats.compiled else "nothing was compiled"
             return
         up.attempted = True
         compact = len(self.restored_objects) + 1 > self.compact_after

@@ -26,9 +26,9 @@ except ImportError:  # pragma: no cover - Windows
 from .bundle import FILE_PREFIX, Entries, Entry, validate_file_path
 from .errors import BundleError
 
-# What mega-cache already carries, and what must not travel (locks, temp files, the precompiled
-# header, Inductor's copy of Triton kernels that travel inside FX-graph entries).
-EXCLUDED_TOP = frozenset({"fxgraph", "aotautograd", "dynamo", "locks", "precompiled_headers", "triton"})
+# What must not travel (locks, temp files, the precompiled header, Inductor's copy of Triton kernels that
+# travel inside FX-graph entries, dynamic-shape profiles).
+EXCLUDED_TOP = frozenset({"dynamo", "locks", "precompiled_headers", "triton"})
 _EXCLUDED_NAME = re.compile(r"(^\.|^tmp|\.lock$|\.tmp|~$)")
 MAX_FILE_BYTES = 256 << 20
 # Inductor builds a kernel's .so with g++ writing straight into the cache directory, under an flock on
@@ -64,6 +64,20 @@ def triton_cache_dir(env: dict[str, str] | None = None) -> Path:
         return Path(env["TRITON_CACHE_DIR"]).absolute()
     home = env.get("TRITON_HOME") or os.path.expanduser("~")
     return Path(home, ".triton", "cache").absolute()
+
+
+def torch_cache_ident(rel: str) -> tuple[str, str] | None:
+    """The torch artifact a file of torch's own on-disk caches holds, as ``(kind, key)``: an FX graph
+    (``fxgraph/<k[1:3]>/<key>/<entry>``) or an AOTAutograd entry (``aotautograd/<key>/<entry>``); None for
+    other files. Such files are what torch loads on a cache hit, in any process using the directory: what a
+    child process (torchrun, ``mp.spawn``, ``subprocess``) compiled lands here and travels as a file, unless
+    mega-cache carries the same key already."""
+    parts = rel.split("/")
+    if parts[0] == "fxgraph" and len(parts) == 4:
+        return ("torch/inductor", parts[2])
+    if parts[0] == "aotautograd" and len(parts) == 3:
+        return ("torch/aot_autograd", parts[1])
+    return None
 
 
 def triton_installed() -> bool:

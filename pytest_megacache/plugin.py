@@ -272,9 +272,10 @@ class Compiling(Role):
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         # Strict runs restore up front (and wait for it, within its budget) so a problem stops the session
-        # before any test runs. Otherwise the restore starts, in the background, when the session imports torch
-        # (or, failing that, on the first compile).
-        if self.settings.strict or "torch" in sys.modules:
+        # before any test runs; with --megacache-children the restore starts at once too (the tests' child
+        # processes compile, this one may never import torch). Otherwise it starts, in the background, when the
+        # session imports torch (or, failing that, on the first compile).
+        if self.settings.strict or self.settings.children or "torch" in sys.modules:
             self.start_cache()
         else:
             self._torch_hook = PostImportHook("torch", lambda _module: self.start_cache())
@@ -301,9 +302,10 @@ class Compiling(Role):
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
         with self.contained("preparing a test"):
-            if self.session is not None and any(r.name == "triton" for r in self.session.roots):
-                # User @triton.jit kernels compile at first launch, outside our compile callbacks: have their
-                # cache entries in place before the first test runs (paid once: later waits return at once).
+            if self.session is not None and self.session.roots:
+                # Compiles outside our callbacks need the restored files in place before the first test: user
+                # @triton.jit kernels (at first launch) and child processes (torchrun, mp.spawn, subprocess),
+                # which look in the same cache directories. Paid once: later waits return at once.
                 self.session.wait_restore()
             self.adapter.ensure_registered()
             self.adapter.begin_test(item.nodeid)

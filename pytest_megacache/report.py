@@ -76,6 +76,9 @@ class TorchStats:
     layers: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> restored/used/new
     workers: int = 0
     single_compile_thread: bool = False  # the plugin ran Inductor with one compile thread (the cache covered it)
+    # torch cache entries found in the cache directories that no process of the session recorded (compiled by
+    # child processes: torchrun, mp.spawn, subprocess), per layer ("inductor": FX graphs, "aot_autograd")
+    other_processes: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
@@ -95,6 +98,8 @@ class TorchStats:
         for k, v in dict(other.get("counters", {})).items():
             self.counters[str(k)] = self.counters.get(str(k), 0) + int(v)
         self.per_test.update(dict(other.get("per_test", {})))
+        for layer, n in dict(other.get("other_processes", {})).items():
+            self.other_processes[str(layer)] = self.other_processes.get(str(layer), 0) + int(n)
 
 
 
@@ -201,14 +206,23 @@ def _load_line(ld: LoadStats) -> list[str]:
     return [f"loaded into torch: {_pairs(ld.artifacts)} in {ld.seconds:.3f} s{waited}"]
 
 
+def _children_line(t: TorchStats) -> list[str]:
+    if not t.other_processes:
+        return []
+    return ["child processes compiled " + ", ".join(
+        f"{n} {'FX graphs' if layer == 'inductor' else 'AOTAutograd entries' if layer == 'aot_autograd' else layer}"
+        for layer, n in sorted(t.other_processes.items())) + " that this session did not (found in the cache directory)"]
+
+
 def _torch_lines(t: TorchStats, xd: XdistStats | None) -> list[str]:
     if not t.compiled:
-        return ["torch: nothing was compiled"]
+        return ["torch: nothing was compiled", *_children_line(t)]
     return [_layer_line(t),
             f"{t.compiles} compiles, {t.compile_seconds:.2f} s compiling"
             + (f" across {xd.workers} xdist workers" if xd is not None and xd.workers else "")
             + (f"; about {t.seconds_saved:.1f} s of cold compiling saved" if t.seconds_saved else "")
-            + ("; one compile thread (the cache covers this selection)" if t.single_compile_thread else "")]
+            + ("; one compile thread (the cache covers this selection)" if t.single_compile_thread else ""),
+            *_children_line(t)]
 
 
 def _upload_lines(up: UploadStats, verbose: int) -> list[str]:

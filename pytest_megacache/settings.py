@@ -43,6 +43,7 @@ class Settings:
     durations: int = 0
     compile_threads: str = "auto"
     precompile: bool = False
+    children: bool = False
     explicit: frozenset[str] = frozenset()  # options set by the user (any source), not defaulted
     # From MEGACACHE_SIGNING_KEY (not an option): the keys, the first one signing, () when empty or unset; or
     # why the value is unusable (naming a key by its position, never by its text). Never in a repr or a report.
@@ -146,6 +147,10 @@ OPTIONS: tuple[Option, ...] = (
                      "cover the session, sparing its worker pool; keep: torch's default."),
     Option("precompile", "--megacache-precompile", "MEGACACHE_PRECOMPILE", "megacache_precompile", "bool",
            "Experimental: turn on torch's caching precompile (Dynamo) and carry its artifacts. Off by default."),
+    Option("children", "--megacache-children", "MEGACACHE_CHILDREN", "megacache_children", "bool",
+           "Restore at session start, for tests whose child processes compile (torchrun, mp.spawn, subprocess) "
+           "while pytest itself never imports torch (otherwise the restore starts when pytest imports torch). "
+           "Off by default."),
 )
 
 _TRUE = {"1", "true", "yes", "on"}

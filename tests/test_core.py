@@ -378,3 +378,21 @@ def test_profile_merge_errors_are_bounded_and_named(tmp_path: Path) -> None:
         merge_profiles(None, [b"x"], timeout=0.3, python=str(slow))
     with pytest.raises(ProfileMergeError):  # not a profile: the child fails, its last line is the reason
         merge_profiles(None, [b"not a pickle"], python=sys.executable)
+
+
+def test_torch_cache_files_travel_only_for_what_no_process_of_the_session_recorded(tmp_path: Path) -> None:
+    """A child process compiles into the same directory: its FX-graph and AOTAutograd entries (files there) are
+    carried; the parent's own, which mega-cache carries under the same key, are not carried twice."""
+    store = MemoryStore()
+    s = session(store, tmp_path, "kids")
+    s.start_restore(background=False)
+    inductor = tmp_path / "kids" / "inductor"
+    for rel in (f"fxgraph/{KEY_A[1:3]}/{KEY_A}/entry", f"fxgraph/{KEY_C[1:3]}/{KEY_C}/entry", "aotautograd/achild/entry"):
+        (inductor / rel).parent.mkdir(parents=True, exist_ok=True)
+        (inductor / rel).write_bytes(b"pickled entry")
+    s.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
+    assert s.upload_stats.new_entries == {"file/inductor": 2, "torch/inductor": 1}
+    assert s.torch_stats.other_processes == {"inductor": 1, "aot_autograd": 1}
+    carried = {name for (_folder, _n), (blob, _t) in store.objects.items()
+               for name in (e.name for e in bundlemod.decode(blob)[1])}
+    assert f"fxgraph/{KEY_A[1:3]}/{KEY_A}/entry" not in carried and "aotautograd/achild/entry" in carried

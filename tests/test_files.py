@@ -17,7 +17,7 @@ import pytest
 
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.errors import BundleError
-from pytest_megacache.files import EXCLUDED_TOP, FileRoot, elf_problem, inductor_cache_dir
+from pytest_megacache.files import EXCLUDED_TOP, FileRoot, elf_problem, inductor_cache_dir, torch_cache_ident
 
 from .conftest import fake_elf as elf
 
@@ -83,7 +83,18 @@ def test_collect_skips_excluded_directories(root: FileRoot, top: str) -> None:
 
 
 def test_excluded_directories_are_the_expected_ones() -> None:
-    assert frozenset({"fxgraph", "aotautograd", "locks", "dynamo", "precompiled_headers", "triton"}) == EXCLUDED_TOP
+    # torch's own FX-graph and AOTAutograd directories travel (what a child process compiled lands there);
+    # core leaves out the entries mega-cache carries under the same key.
+    assert frozenset({"locks", "dynamo", "precompiled_headers", "triton"}) == EXCLUDED_TOP
+
+
+@pytest.mark.parametrize(("rel", "ident"), [
+    ("fxgraph/ab/fabc123/entry0", ("torch/inductor", "fabc123")),
+    ("aotautograd/aabc123/entry0", ("torch/aot_autograd", "aabc123")),
+    ("fxgraph/ab/fabc123", None), ("aotautograd/aabc123/x/y", None), ("ab/cabc.so", None),
+])
+def test_torch_cache_files_name_their_artifact(rel: str, ident: tuple[str, str] | None) -> None:
+    assert torch_cache_ident(rel) == ident
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,116 @@
+"""Compiles in child processes (subprocess, torch.multiprocessing.spawn) are restored and stored.
+
+A child compiles into the cache directories it inherits; torch writes its FX-graph and AOTAutograd entries
+there, and the session carries the ones no process of it recorded (nor restored) as files, so a warm run
+puts them in place before the first test and the child hits. Hits and misses are read from each child's own
+torch counters. One child kills itself with SIGKILL right after compiling: the session passes and the others'
+work is stored."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_megacache import bundle as bundlemod
+
+from .helpers_torch import Run, TorchProject
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+KID = textwrap.dedent(
+    """
+    import json, os, signal, sys
+
+    import torch
+
+    FUNCS = {
+        "subprocess": lambda x: torch.cos(x) * 3 + 1,
+        "spawn": lambda x: torch.tanh(x) - 2,
+        "killed": lambda x: torch.exp(x) + 5,
+    }
+
+    def compile_and_report(name):
+        assert torch.compile(FUNCS[name])(torch.zeros(4)).shape == (4,)
+        from torch._dynamo.utils import counters
+        doc = {"inductor": dict(counters["inductor"]), "aot_autograd": dict(counters["aot_autograd"])}
+        with open(os.path.join(os.environ["KID_COUNTERS"], name + ".json"), "w") as fh:
+            json.dump(doc, fh)
+        if name == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def spawned(rank, name):
+        compile_and_report(name)
+
+    if __name__ == "__main__":
+        compile_and_report(sys.argv[1])
+    """
+)
+
+TESTS = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    from pathlib import Path
+
+    KID = str(Path(__file__).with_name("kid.py"))
+
+    def test_subprocess():
+        subprocess.run([sys.executable, KID, "subprocess"], check=True)
+
+    def test_spawn():
+        import torch.multiprocessing as mp
+        sys.path.insert(0, str(Path(KID).parent))
+        import kid
+        mp.spawn(kid.spawned, args=("spawn",), nprocs=1, join=True)
+
+    def test_killed_child_does_not_fail_the_session():
+        proc = subprocess.run([sys.executable, KID, "killed"])
+        assert proc.returncode == -9
+    """
+)
+
+
+def kid_counters(run: Run, name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((run.root / "kids" / f"{name}.json").read_text())
+    return doc
+
+
+def run_with_kids(project: TorchProject, *args: str) -> Run:
+    kids = project.pytester.path / f"run{project.runs + 1}" / "kids"
+    kids.mkdir(parents=True)
+    return project.run(*args, env={"KID_COUNTERS": str(kids)})
+
+
+def test_compiles_in_child_processes_are_stored_and_hit_warm(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    pytester.makepyfile(kid=KID)
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(store)}, tests=TESTS)
+    # This project's pytest process imports torch only inside a test: --megacache-children starts the restore
+    # (and the snapshot of the cache directories it compares with at the end) at session start, before the first
+    # child. A test module importing torch at the top starts both at collection without it.
+    cold = run_with_kids(project, "--megacache-children")
+    cold.result.assert_outcomes(passed=3)
+    for name in ("subprocess", "spawn", "killed"):
+        assert kid_counters(cold, name)["inductor"].get("fxgraph_cache_miss") == 1
+    assert cold.report is not None and cold.report["upload"]["objects"] == 1, cold.report and cold.report["upload"]
+    # The children's FX graphs (one each, the killed child's included: it was written before the kill).
+    assert cold.report["torch"]["other_processes"]["inductor"] == 3
+    cold.result.stdout.fnmatch_lines(["child processes compiled *3 FX graphs* that this session did not*"])
+    [obj] = list(store.rglob("*.mcb"))
+    names = {e.name for e in bundlemod.decode(obj.read_bytes())[1]}
+    assert sum(name.startswith("fxgraph/") for name in names) == 3
+
+    for args in (("--megacache-children",), ("-n", "2", "--megacache-children")):
+        warm = run_with_kids(project, *args)
+        warm.result.assert_outcomes(passed=3)
+        for name in ("subprocess", "spawn", "killed"):
+            counters = kid_counters(warm, name)["inductor"]
+            assert counters.get("fxgraph_cache_hit", 0) >= 1 and counters.get("fxgraph_cache_miss", 0) == 0, \
+                (args, name, counters)
+        assert warm.report is not None and warm.report["upload"]["objects"] == 0, warm.report["upload"]
+        assert not warm.megacache_warnings(), warm.result.outlines[-20:]
+    assert len(list(store.rglob("*.mcb"))) == 1  # nothing uploaded twice
