@@ -67,6 +67,8 @@ class RunResult:
     bucket_objects: int
     bucket_bytes: int
     keys: list[str] = field(default_factory=list)
+    # torch's counters of each child process (the DDP ranks of test_distributed.py), summed
+    children: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def child_env(s3: LocalS3, run_dir: Path, counters_path: Path) -> dict[str, str]:
@@ -84,8 +86,21 @@ def child_env(s3: LocalS3, run_dir: Path, counters_path: Path) -> dict[str, str]
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (str(DEMO_DIR), os.environ.get("PYTHONPATH", "")) if p),
         COUNTERS_ENV: str(counters_path),
+        # example_project's distributed test: each rank (a child process) writes its own torch counters here.
+        "EXAMPLE_CHILD_COUNTERS": str(run_dir / "child-counters"),
     })
     return env
+
+
+def child_counters(run_dir: Path) -> dict[str, dict[str, int]]:
+    """torch's counters of the child processes (one JSON file each), summed per group."""
+    out: dict[str, dict[str, int]] = {}
+    for path in sorted((run_dir / "child-counters").glob("*.json")):
+        doc = load_json(path) or {}
+        for group, values in doc.items():
+            for name, value in dict(values).items():
+                out.setdefault(group, {})[name] = out.get(group, {}).get(name, 0) + int(value)
+    return out
 
 
 def stream(proc: subprocess.Popen[bytes], prefix: str) -> None:
@@ -134,7 +149,8 @@ def run_pytest(name: str, s3: LocalS3, bucket: str, work: Path, extra: list[str]
     wall = time.perf_counter() - start
     objects = s3.objects(bucket)
     result = RunResult(name, returncode, wall, load_json(report_path), load_json(counters_path),
-                       len(objects), sum(size for _, size in objects), [key for key, _ in objects])
+                       len(objects), sum(size for _, size in objects), [key for key, _ in objects],
+                       child_counters(run_dir))
     say(f"{name} run finished in {wall:.1f} s (pytest exit {returncode}); the bucket holds "
         f"{result.bucket_objects} object(s), {human_bytes(result.bucket_bytes)}")
     for key, size in objects:
@@ -190,6 +206,11 @@ def table(cold: RunResult, warm: RunResult) -> list[str]:
     # AOTAutograd's cache on every run: torch never saves them. This row shows how many it did save.
     row("AOTAutograd entries saved by torch (torch counters)", "",
         lambda r: _get(r.counters, "aot_autograd", "autograd_cache_saved") or 0 if r.counters else None)
+    row("child processes (2 DDP ranks): FX graph hits / misses", "", lambda r: None if not r.children else
+        f"{_get(r.children, 'inductor', 'fxgraph_cache_hit') or 0} / {_get(r.children, 'inductor', 'fxgraph_cache_miss') or 0}")
+    row("child processes (2 DDP ranks): AOTAutograd hits / misses", "", lambda r: None if not r.children else
+        f"{_get(r.children, 'aot_autograd', 'autograd_cache_hit') or 0} / "
+        f"{_get(r.children, 'aot_autograd', 'autograd_cache_miss') or 0}")
     row("restore: objects used / listed", "", lambda r: None if r.report is None else
         f"{_get(r.report, 'restore', 'objects_used')} / {_get(r.report, 'restore', 'objects_listed')}")
     row("restore: bytes fetched (report restore.bytes_fetched)", "bytes",
@@ -246,6 +267,10 @@ def check(cold: RunResult, warm: RunResult) -> tuple[list[str], list[str]]:
                 if claimed.get(name, 0) != torch_says:
                     notes.append(f"{r.name} run: the report says {name}={claimed.get(name, 0)}, "
                                  f"torch says {torch_says}")
+    child_misses = _get(warm.children, "inductor", "fxgraph_cache_miss") or 0
+    if child_misses:
+        failures.append(f"the warm run's child processes (DDP ranks) missed torch's FX graph cache {child_misses} "
+                        "time(s)")
     warm_hits = _get(warm.counters, "inductor", "fxgraph_cache_hit") or 0
     warm_misses = _get(warm.counters, "inductor", "fxgraph_cache_miss") or 0
     if warm.counters is not None and warm_misses:
