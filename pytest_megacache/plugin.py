@@ -76,8 +76,8 @@ def pytest_configure(config: pytest.Config) -> None:
     ctx = activate(settings, invocation, notes=notes)
     if ctx.inactive and settings.strict:
         raise pytest.UsageError(f"pytest-megacache (strict): {ctx.reason}")
-    for problem in ctx.problems:
-        config.issue_config_time_warning(MegacacheWarning(problem), stacklevel=2)
+    for warning in map(MegacacheWarning, ctx.problems):
+        config.issue_config_time_warning(warning, stacklevel=2)
     worker = hasattr(config, "workerinput")
     if not ctx.active and worker:
         return  # an inactive worker hands nothing over; its controller is inactive too and says why
