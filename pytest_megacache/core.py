@@ -219,9 +219,8 @@ class CacheSession:
         except Exception as exc:  # noqa: BLE001 - a cache bug must never fail the session
             self.problem(f"restore failed unexpectedly: {type(exc).__name__}: {redact_cut(str(exc))}")
         finally:
-            if self._state in ("running", "committing"):
-                if self._state == "running":
-                    self._snapshot()
+            if self._state in ("running", "committing"):  # not abandoned: the waiter snapshotted then
+                self._snapshot()
                 self._stage()
                 self._settle("done")
         try:
@@ -253,8 +252,8 @@ class CacheSession:
             return Fetched(folder, info, 0, None, None)
         try:
             header, entries = bundlemod.decode(blob, self.fingerprint, self.limits, verify_keys=self.signing_keys)
-        except Exception as exc:  # noqa: BLE001 - BundleError, or anything else a hostile object provokes
-            self.problem(f"refused {folder}/{info.name}: {redact_cut(str(exc) or type(exc).__name__)}")
+        except BundleError as exc:  # decode turns whatever a hostile object provokes into a BundleError
+            self.problem(f"refused {folder}/{info.name}: {redact_cut(str(exc))}")
             return Fetched(folder, info, len(blob), None, None)
         return Fetched(folder, info, len(blob), header, entries)
 
@@ -321,7 +320,6 @@ class CacheSession:
         if stats.files_refused:
             self.problem(f"{len(stats.files_refused)} restored kernel files were incomplete and not written "
                          f"(they will be rebuilt): {'; '.join(stats.files_refused[:3])}")
-        self._snapshot()
         self.restored = merged
         stats.entries = merged.counts()
         stats.ok = True
@@ -591,11 +589,10 @@ class CacheSession:
         """What to upload: ``new``, merged with what this scope's objects hold when compacting. An object that
         a restore would refuse (over :class:`Limits`) is never written: a compaction that would be is not done
         (its inputs stay), and new entries over the limits on their own are not uploaded."""
-        candidates = [True, False] if compact else [False]
-        for merged in candidates:
+        signing_key = self.signing_keys[0] if self.signing_keys else None
+        for merged in [True, False] if compact else [False]:
             payload = Entries(self.restored_own) if merged else Entries()
             payload.merge(new)  # a changed profile replaces the restored one
-            signing_key = self.signing_keys[0] if self.signing_keys else None
             try:
                 blob = bundlemod.encode(payload, self.fingerprint, extra=self.upload_meta(payload),
                                         signing_key=signing_key)
@@ -633,7 +630,7 @@ def nearest_fingerprint(store: Store, prefix: str, scopes: Sequence[str], key: s
     session's own scopes, then the newest object."""
     mine = key.split("/")
     layout = Layout(prefix)
-    best: tuple[tuple[int, int, float], str, str, str] | None = None
+    best: tuple[tuple[int, int, float], str, str, str, str] | None = None
     for folder, info in store.walk(prefix):
         parsed = layout.parse_folder(folder)
         if parsed is None:
@@ -643,11 +640,10 @@ def nearest_fingerprint(store: Store, prefix: str, scopes: Sequence[str], key: s
             continue
         rank = (sum(a == b for a, b in zip(mine, other, strict=True)), scope in scopes, info.modified)
         if best is None or rank > best[0]:
-            best = (rank, folder, info.name, scope)
+            best = (rank, folder, info.name, scope, parsed[1])
     if best is None:
         return "nothing is stored under this prefix yet"
-    _rank, folder, name, scope = best
-    stored_key = "/".join(folder.split("/")[-len(mine):])
+    _rank, folder, name, scope, stored_key = best
     diffs: list[str] = []
     head = store.head(folder, name, bundlemod.HEADER_PREFIX_BYTES)
     doc = bundlemod.peek_header(head) if head is not None else None

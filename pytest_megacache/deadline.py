@@ -20,6 +20,7 @@ from typing import TypeVar
 from .errors import StoreError, redact_cut
 
 T = TypeVar("T")
+_PENDING = object()  # bounded_map's mark for an item not finished yet
 R = TypeVar("R")
 
 
@@ -62,33 +63,19 @@ def bounded(fn: Callable[[], T], deadline: Deadline, what: str) -> T:
     """``fn()`` run in a daemon thread, waited for until ``deadline``; raises :class:`StoreError` on any failure.
 
     Past the deadline the thread is left behind: it is a daemon, so it never holds the process at exit."""
-    box: list[T] = []
-    failure: list[BaseException] = []
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - everything crosses as StoreError
-            failure.append(exc)
-        finally:
-            done.set()
-
-    if deadline.expired():
-        raise deadline.error(what)
-    threading.Thread(target=run, name=f"megacache-{what.split()[0]}", daemon=True).start()
-    if not done.wait(deadline.remaining()):
-        raise deadline.error(what)
-    if failure:
-        raise as_store_error(what, failure[0])
-    return box[0]
+    [outcome] = bounded_map(lambda _item: fn(), [None], deadline, 1, what)
+    if isinstance(outcome, StoreError):
+        raise outcome
+    return outcome
 
 
-def bounded_map(fn: Callable[[T], R], items: Sequence[T], deadline: Deadline, workers: int,
+def bounded_map(fn: Callable[[T], R], items: Sequence[T], deadline: Deadline, workers: int, what: str = "fetching",
                 ) -> list[R | StoreError]:
     """``fn`` over ``items`` in up to ``workers`` daemon threads, in order, each result or its failure as a
     :class:`StoreError`; items not finished by ``deadline`` get the deadline's error."""
-    results: list[R | StoreError | None] = [None] * len(items)
+    if deadline.expired():
+        return [deadline.error(what) for _ in items]
+    results: list[R | StoreError | object] = [_PENDING] * len(items)  # an outcome may be None (a put)
     lock = threading.Lock()
     pending = iter(range(len(items)))
     all_done = threading.Event()
@@ -102,8 +89,8 @@ def bounded_map(fn: Callable[[T], R], items: Sequence[T], deadline: Deadline, wo
         while (i := next_index()) is not None:
             try:
                 outcome: R | StoreError = fn(items[i])
-            except BaseException as exc:  # noqa: BLE001
-                outcome = as_store_error("fetch", exc)
+            except BaseException as exc:  # noqa: BLE001 - everything crosses as StoreError
+                outcome = as_store_error(what, exc)
             with lock:
                 results[i] = outcome
                 left[0] -= 1
@@ -112,9 +99,10 @@ def bounded_map(fn: Callable[[T], R], items: Sequence[T], deadline: Deadline, wo
 
     if not items:
         return []
-    for n in range(max(1, min(workers, len(items)))):
-        threading.Thread(target=worker, name=f"megacache-fetch-{n}", daemon=True).start()
+    threads = max(1, min(workers, len(items)))
+    for n in range(threads):
+        name = f"megacache-{what.split()[0]}" + (f"-{n}" if threads > 1 else "")
+        threading.Thread(target=worker, name=name, daemon=True).start()
     all_done.wait(deadline.remaining())
     with lock:
-        return [r if r is not None else deadline.error("fetching") for r in results]
-
+        return [deadline.error(what) if r is _PENDING else r for r in results]  # type: ignore[misc]
