@@ -647,6 +647,12 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("-v", "--verbose", action="store_true", help="a line per object copied")
     _add_store_options(push)
     push.set_defaults(func=_cmd_push)
+
+    from . import doctor as doctormod  # here, not at the top: doctor imports this module's helpers
+
+    doctor = sub.add_parser("doctor", help="check a CI setup: torch, fingerprint, store, signing key, what would be restored")
+    doctormod.add_arguments(doctor)
+    doctor.set_defaults(func=doctormod.run)
     return parser
 
 
