@@ -36,7 +36,7 @@ from .keys import SIGNING_KEY_ENV
 from .layout import Layout
 from .report import human_bytes
 from .settings import OPTIONS, Settings, SettingsError, resolve
-from .stores import LocalDirStore, ObjectInfo, S3Store, Store, Walk, from_settings, new_object_name
+from .stores import LocalDirStore, ObjectInfo, S3Store, Store, from_settings, new_object_name
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 SESSION_OPTIONS = ("mode", "timeout", "require_signature", "scope", "default_scope")  # flags besides the store's
@@ -68,33 +68,6 @@ def _masked(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_masked(v) for v in value]
     return value
-
-
-class _Recording:
-    """A store that remembers what it walked, so the doctor sees the listing the why-miss diagnosis read."""
-
-    def __init__(self, store: Store) -> None:
-        self.store, self.label = store, store.label
-        self.walked: Walk = []
-
-    def list(self, folder: str) -> list[ObjectInfo]:
-        return self.store.list(folder)
-
-    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
-        return self.store.get(folder, name, max_bytes)
-
-    def put(self, folder: str, name: str, data: bytes) -> None:
-        self.store.put(folder, name, data)
-
-    def delete(self, folder: str, name: str) -> None:
-        self.store.delete(folder, name)
-
-    def walk(self, prefix: str) -> Walk:
-        self.walked = self.store.walk(prefix)
-        return self.walked
-
-    def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
-        return self.store.head(folder, name, nbytes)
 
 
 def _missing_dirs(path: Path) -> list[Path]:
@@ -401,22 +374,16 @@ class Doctor:
         return Check("restore", OK, finding, details)
 
     def why_miss(self, store: Store, fp: Fingerprint) -> str:
-        """The plugin's why-miss diagnosis, and whether this fingerprint lies in a scope this session skips."""
+        """The plugin's own why-miss diagnosis (it also names a scope holding this fingerprint that is not read)."""
         from .core import nearest_fingerprint
 
         assert self.settings is not None
-        prefix, recording = self.settings.prefix, _Recording(store)
+        prefix = self.settings.prefix
         try:
-            text = bounded(lambda: nearest_fingerprint(recording, prefix, self.read_scopes, fp.key, fp.parts),
+            text = bounded(lambda: nearest_fingerprint(store, prefix, self.read_scopes, fp.key, fp.parts),
                            self.deadline, "the why-miss diagnosis")
         except StoreError as exc:
             return f"why is unknown ({exc})"
-        layout = Layout(prefix)
-        elsewhere = sorted({parsed[0] for folder, _ in recording.walked
-                            if (parsed := layout.parse_folder(folder)) is not None and parsed[1] == fp.key})
-        if elsewhere:
-            return (f"it is stored in scope {', '.join(elsewhere)}, which this session does not read "
-                    "(--megacache-default-scope or MEGACACHE_DEFAULT_SCOPE names the scope every run reads)")
         return text or "?"
 
     def signature_problem(self, store: Store, folder: str, info: ObjectInfo) -> str | None:

@@ -211,7 +211,7 @@ def test_this_fingerprint_in_a_scope_not_read(capsys: pytest.CaptureFixture[str]
     rc, checks, _out = run(capsys, "--dir", str(tmp_path), *SCOPES)
     assert rc == 0
     assert checks["restore"][0] == "warn"
-    assert "it is stored in scope release, which this session does not read" in checks["restore"][1]
+    assert "this fingerprint is stored only in scope(s) this session does not read: release" in checks["restore"][1]
 
 
 def test_read_only_mode_writes_nothing(capsys: pytest.CaptureFixture[str], aws: S3Server, proxy: FaultProxy,
