@@ -1,8 +1,10 @@
-"""Cold vs warm on CPU, side by side in one run: with and without the compiled-kernel files, and with
-Inductor's precompiled header left on. Every figure is measured here; nothing is a constant.
+"""Plain pytest vs the plugin's cold and warm runs on CPU, side by side in one run: the default (Inductor's
+precompiled header on, as torch has it, and carried), without the compiled-kernel files, and with the header
+turned off. Every figure is measured here; nothing is a constant.
 
-Each phase is a fresh `pytest` process on fresh TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR / TMPDIR,
-the cache restored from a local directory store (the same bundle path S3 takes, minus the network).
+Each phase is a fresh `pytest` process on fresh TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR / TMPDIR (the
+header lives under TMPDIR: a fresh machine), the cache restored from a local directory store (the same
+bundle path S3 takes, minus the network). Plain pytest runs without the plugin (``-p no:megacache``).
 
     python benchmarks/core_cpu.py [--repeats N]
 """
@@ -10,6 +12,7 @@ the cache restored from a local directory store (the same bundle path S3 takes, 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -65,6 +68,11 @@ COUNTERS = textwrap.dedent(
 )
 
 
+# The installed entry point, else the plugin from this checkout (PYTHONPATH), as benchmarks/run.py does.
+LOAD = [] if any(ep.name == "megacache" for ep in importlib.metadata.entry_points(group="pytest11")) else [
+    "-p", "pytest_megacache.plugin"]
+
+
 def phase(project: Path, store: Path, work: Path, name: str, extra_env: dict[str, str], args: list[str]) -> dict:
     root = work / name
     for sub in ("inductor", "triton", "tmp"):
@@ -72,58 +80,67 @@ def phase(project: Path, store: Path, work: Path, name: str, extra_env: dict[str
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
            "TMPDIR": str(root / "tmp"), "BENCH_COUNTERS": str(root / "counters.json"), **extra_env}
     report = root / "report.json"
+    plugin = ["-p", "no:megacache"] if name == "plain" else [*LOAD, "--megacache-dir", str(store),
+                                                              "--megacache-report", str(report)]
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
-                           "--megacache-dir", str(store), "--megacache-report", str(report), *args],
-                          cwd=project, env=env, capture_output=True, text=True)
+                           *plugin, *args], cwd=project, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    doc = json.loads(report.read_text())
     counters = json.loads((root / "counters.json").read_text())
+    if name == "plain":
+        return {"wall": wall, **counters}
+    doc = json.loads(report.read_text())
     return {"wall": wall, "compile": doc["torch"]["compile_seconds"], **counters,
-            "fetched": doc["restore"]["bytes_fetched"], "uploaded": doc["upload"]["bytes"]}
+            "fetched": doc["restore"]["bytes_fetched"], "uploaded": doc["upload"]["bytes"],
+            "restore": doc["restore"]["seconds"], "upload": doc["upload"]["seconds"]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=1)
     opts = parser.parse_args()
+    off = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
     scenarios = [
-        ("mega-cache + kernel files (default)", {}, []),
+        ("plugin default (header on and carried)", {}, []),
         ("mega-cache only (--megacache-files no)", {}, ["--megacache-files", "no"]),
-        ("default, precompiled header on", {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1"}, []),
+        ("header off (PRECOMPILE_HEADERS=0)", off, []),
     ]
     rows = []
+    plains: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="megacache-bench-") as tmp:
         base = Path(tmp)
         project = base / "project"
         project.mkdir()
         (project / "test_workload.py").write_text(WORKLOAD)
         (project / "conftest.py").write_text(COUNTERS)
-        for label, env, args in scenarios:
-            colds, warms = [], []
-            for i in range(opts.repeats):
-                store = base / f"store-{len(rows)}-{i}"
-                work = base / f"work-{len(rows)}-{i}"
-                print(f"[{label}] repeat {i + 1}: cold ...", flush=True)
-                colds.append(phase(project, store, work, "cold", env, args))
-                print(f"[{label}] repeat {i + 1}: warm ...", flush=True)
-                warms.append(phase(project, store, work, "warm", env, args))
-            rows.append((label, colds, warms))
+        for i in range(opts.repeats):
+            # Interleaved, repeat by repeat, so that a slow spell of the machine hits every row alike.
+            print(f"[plain pytest] repeat {i + 1} ...", flush=True)
+            plains.append(phase(project, base / "unused", base / f"plain-{i}", "plain", {}, []))
+            for n, (label, env, args) in enumerate(scenarios):
+                if i == 0:
+                    rows.append((label, [], []))
+                store, work = base / f"store-{n}-{i}", base / f"work-{n}-{i}"
+                print(f"[{label}] repeat {i + 1}: cold, warm ...", flush=True)
+                rows[n][1].append(phase(project, store, work, "cold", env, args))
+                rows[n][2].append(phase(project, store, work, "warm", env, args))
     med = lambda runs, k: statistics.median(r[k] for r in runs)  # noqa: E731
+    plain = med(plains, "wall")
     print()
-    print(f"torch {__import__('importlib.metadata').metadata.version('torch')}, {os.cpu_count()} CPUs, "
-          f"median of {opts.repeats}")
-    head = f"{'scenario':42} {'cold wall':>9} {'warm wall':>9} {'cold comp':>9} {'warm comp':>9} {'warm/cold':>9} " \
-           f"{'FX hit/miss':>11} {'AOT hit/miss':>12} {'bytes':>9}"
+    print(f"torch {importlib.metadata.version('torch')}, {os.cpu_count()} CPUs, "
+          f"median of {opts.repeats}; plain pytest (no plugin, header on): wall {plain:.1f} s")
+    head = f"{'scenario':42} {'cold wall':>9} {'cold/plain':>10} {'warm wall':>9} {'warm/plain':>10} {'cold comp':>9} " \
+           f"{'warm comp':>9} {'restore':>7} {'upload':>6} {'FX hit/miss':>11} {'AOT hit/miss':>12} {'fetched':>10}"
     print(head)
     print("-" * len(head))
     for label, colds, warms in rows:
         w = warms[len(warms) // 2]
-        print(f"{label:42} {med(colds, 'wall'):9.1f} {med(warms, 'wall'):9.1f} {med(colds, 'compile'):9.2f} "
-              f"{med(warms, 'compile'):9.2f} {med(warms, 'compile') / med(colds, 'compile'):9.2f} "
-              f"{w['fx_hit']:>5}/{w['fx_miss']:<5} {w['aot_hit']:>6}/{w['aot_miss']:<5} {w['fetched']:>9}")
+        print(f"{label:42} {med(colds, 'wall'):9.1f} {med(colds, 'wall') / plain:10.2f} {med(warms, 'wall'):9.1f} "
+              f"{med(warms, 'wall') / plain:10.2f} {med(colds, 'compile'):9.2f} {med(warms, 'compile'):9.2f} "
+              f"{med(warms, 'restore'):7.2f} {med(colds, 'upload'):6.2f} "
+              f"{w['fx_hit']:>5}/{w['fx_miss']:<5} {w['aot_hit']:>6}/{w['aot_miss']:<5} {w['fetched']:>10}")
 
 
 if __name__ == "__main__":

@@ -61,9 +61,12 @@ TAIL_CHARS = 4000
 # Targets: (ratio name, bound, comparison); the warm/cold bound depends on the device.
 WARM_COLD_TARGET = {"cuda": 0.05, "cpu": 0.2}
 WARM_HOT_TARGET = 1.10
+# A cold run with the plugin against plain pytest on the same machine (the plugin must not slow a cold run).
+COLD_PLAIN_TARGET = 1.05
 MOVED_RAW_TARGET = 0.15
 IDLE_TARGET_MS = 100.0
-MODE_COLORS = {"cold": "#c0392b", "warm": "#27ae60", "warm-auto": "#16a085", "warm-keep": "#1abc9c", "hot": "#2980b9",
+MODE_COLORS = {"plain": "#7f8c8d",
+               "cold": "#c0392b", "warm": "#27ae60", "warm-auto": "#16a085", "warm-keep": "#1abc9c", "hot": "#2980b9",
                "naive": "#8e44ad", "cold-xdist": "#e67e22", "warm-xdist": "#f1c40f"}  # one color per mode
 
 
@@ -262,6 +265,20 @@ class Runner:
         return r
 
 
+    def plain(self, wl: Workload, repeat: int, root: Path) -> Run:
+        """The workload without the plugin at all (``-p no:megacache``, or simply not loaded): the baseline
+        that a cold run with the plugin is held to."""
+        dirs = Dirs.fresh(root)
+        rc, wall, text = self.pytest(wl.cwd, [*wl.args, *self.unload_args], dirs, root / "pytest.log")
+        r = Run(wl.name, "plain", repeat, returncode=rc, wall=wall, log=str(root / "pytest.log"))
+        r.ok = rc == 0
+        if not r.ok:
+            r.error = f"pytest exited {rc}"
+            say(f"FAILED {wl.name} plain (repeat {repeat + 1}): {r.error}")
+            print(text[-TAIL_CHARS:], flush=True)
+        return r
+
+
 def _load_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
@@ -405,7 +422,11 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
     for rep in range(repeats):
         base = work / wl.name / f"r{rep}"
         bucket = runner.s3.create_bucket(f"bench-{wl.name.lower()}-r{rep}-{os.getpid()}")
-        say(f"{wl.name}: repeat {rep + 1}/{repeats}: {', '.join(modes)}")
+        say(f"{wl.name}: repeat {rep + 1}/{repeats}: plain, {', '.join(modes)}")
+        plain = runner.plain(wl, rep, base / "plain")
+        runs.append(plain)
+        if plain.ok:
+            say(f"  plain (no plugin): wall {plain.wall:.1f} s")
         cold = record(runner.run(wl, "cold", rep, base / "cold", bucket=bucket))
         if not cold.ok:
             runs.extend(Run(wl.name, mode, rep, error="not run: the cold run failed") for mode in modes[1:])
@@ -690,14 +711,20 @@ def workload_tables(wl: Workload, runs: list[Run], repeats: int) -> tuple[list[s
 
     g = lambda mode, attr: med.get(mode, {}).get(attr)  # noqa: E731
     warm_cold = ratio(g("warm", "compile_seconds"), g("cold", "compile_seconds"))
+    cold_plain = ratio(g("cold", "wall"), g("plain", "wall"))
+    warm_plain = ratio(g("warm", "wall"), g("plain", "wall"))
     warm_hot = ratio(g("warm", "compile_seconds"), g("hot", "compile_seconds"))
     moved_raw = ratio(g("warm", "bytes_moved"), g("cold", "upload_raw_bytes"))
     moved_naive = ratio(g("warm", "bytes_moved"), g("naive", "bytes_moved"))
     wc_bound = WARM_COLD_TARGET["cuda" if wl.device == "cuda" else "cpu"]
     f = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-    ratios = {"warm/cold compile": warm_cold, "warm/hot compile": warm_hot, "warm bytes moved / raw": moved_raw,
+    ratios = {"cold/plain wall": cold_plain, "warm/plain wall": warm_plain,
+              "warm/cold compile": warm_cold, "warm/hot compile": warm_hot, "warm bytes moved / raw": moved_raw,
               "warm bytes moved / naive tar.zst": moved_naive}
     lines += ["", "| ratio (medians) | value | target | result |", "| --- | --- | --- | --- |",
+              f"| cold/plain session wall | {f(cold_plain)} | <= {COLD_PLAIN_TARGET} "
+              f"| {_check(cold_plain, COLD_PLAIN_TARGET)} |",
+              f"| warm/plain session wall | {f(warm_plain)} | - | - |",
               f"| warm/cold compile | {f(warm_cold)} | <= {wc_bound} ({wl.device}) | {_check(warm_cold, wc_bound)} |",
               f"| warm/hot compile | {f(warm_hot)} | <= {WARM_HOT_TARGET} | {_check(warm_hot, WARM_HOT_TARGET)} |",
               f"| warm bytes moved / cold raw bytes | {f(moved_raw)} | <= {MOVED_RAW_TARGET} "
@@ -776,7 +803,7 @@ def plot(out: Path, results: dict[str, Any], runs: list[Run], env: dict[str, Any
         return "no workload ran: no plot"
     fig, axes = plt.subplots(1, len(names), figsize=(max(6.0, 4.5 * len(names)), 4.8), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
-        modes = list(dict.fromkeys(r.mode for r in runs if r.workload == name))
+        modes = list(dict.fromkeys(r.mode for r in runs if r.workload == name and r.mode != "plain"))
         meds, lows, highs = [], [], []
         for mode in modes:
             vals = [r.compile_seconds for r in runs if r.workload == name and r.mode == mode and r.ok

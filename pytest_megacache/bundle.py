@@ -72,7 +72,7 @@ RESERVED_HEADER_FIELDS = frozenset(
 
 TORCH_PREFIX = "torch/"
 FILE_PREFIX = "file/"
-FILE_ROOTS = frozenset({"inductor", "triton"})
+FILE_ROOTS = frozenset({"inductor", "pch", "triton"})
 # Artifacts that change under the same key (a dynamic-shape profile grows): the newest copy wins.
 MUTABLE_KINDS = frozenset({TORCH_PREFIX + "pgo"})
 

@@ -15,7 +15,7 @@ from . import ci_env
 from .fingerprint import Fingerprint, TorchUnavailable, compute
 from .layout import Layout
 from .settings import Settings
-from .torch_adapter import TorchAdapter, disable_precompiled_headers
+from .torch_adapter import TorchAdapter
 
 if TYPE_CHECKING:
     from .files import FileRoot
@@ -43,11 +43,15 @@ class Context:
 
     def roots(self) -> list[FileRoot]:
         """The cache directories whose compiled files travel (mega-cache leaves them out)."""
-        from .files import FileRoot, inductor_cache_dir, triton_cache_dir, triton_installed
+        from .files import FileRoot, inductor_cache_dir, pch_dir, pch_enabled, triton_cache_dir, triton_installed
 
         if not self.settings.files:
             return []
         roots = [FileRoot("inductor", inductor_cache_dir())]
+        if pch_enabled():
+            # Inductor's CPU precompiled header (on by default): rebuilt in seconds by every fresh machine
+            # that compiles or loads a C++ kernel, unless it travels.
+            roots.append(FileRoot("pch", pch_dir()))
         if triton_installed():
             roots.append(FileRoot("triton", triton_cache_dir()))
         return roots
@@ -79,8 +83,6 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
     if settings.require_signature and not ctx.signing_keys:
         return _inactive(ctx, "signatures are required (--megacache-require-signature) but MEGACACHE_SIGNING_KEY is "
                               "empty or unset, so nothing is restored or uploaded")
-    # Before the fingerprint, which covers TORCHINDUCTOR_* settings: xdist workers inherit the variable.
-    disable_precompiled_headers()
     try:
         ctx.fingerprint = compute()
     except TorchUnavailable as exc:

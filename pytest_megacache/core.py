@@ -486,6 +486,21 @@ class CacheSession:
             note += ": new or changed code, or other tests than the runs that stored them"
         self.notes.append(note)
 
+    def check_unstorable(self) -> None:
+        """AOTAutograd graphs compiled but never stored (a note): torch saves an entry only once the graph's
+        backward is compiled, so a forward whose inputs require grad, in tests that never call ``.backward()``,
+        misses in every run. Counted from torch's own counters (misses minus entries saved)."""
+        t = self.torch_stats
+        unsaved = t.counters.get("autograd_cache_miss", 0) - t.counters.get("autograd_cache_saved", 0)
+        if "autograd_cache_saved" not in t.counters or unsaved <= 0:
+            return
+        tests = [nodeid for nodeid, rec in t.per_test.items()
+                 if rec["counters"].get("autograd_cache_miss", 0) > rec["counters"].get("autograd_cache_saved", 0)]
+        named = f" (in {', '.join(tests[:3])}{f' and {len(tests) - 3} more' if len(tests) > 3 else ''})" if tests else ""
+        self.notes.append(f"{unsaved} AOTAutograd graph(s) compiled but not storable{named}: their backward never ran, "
+                          "and torch stores an entry only once it has; run inference-only tests under "
+                          "torch.no_grad() (or torch.inference_mode()) so that they compile a storable graph")
+
     def merge_worker_profiles(self, copies: Mapping[tuple[str, str], Sequence[Entry]], timeout: float,
                               merge: Callable[[bytes | None, Sequence[bytes], float], bytes | None] | None = None,
                               ) -> Entries:
@@ -631,16 +646,22 @@ def nearest_fingerprint(store: Store, prefix: str, scopes: Sequence[str], key: s
     mine = key.split("/")
     layout = Layout(prefix)
     best: tuple[tuple[int, int, float], str, str, str, str] | None = None
+    unread: set[str] = set()  # scopes that hold this very fingerprint but are not read by this session
     for folder, info in store.walk(prefix):
         parsed = layout.parse_folder(folder)
         if parsed is None:
             continue
         scope, other = parsed[0], parsed[1].split("/")
         if other == mine:
+            if scope not in scopes:
+                unread.add(scope)
             continue
         rank = (sum(a == b for a, b in zip(mine, other, strict=True)), scope in scopes, info.modified)
         if best is None or rank > best[0]:
             best = (rank, folder, info.name, scope, parsed[1])
+    if unread:
+        return (f"this fingerprint is stored only in scope(s) this session does not read: {', '.join(sorted(unread)[:5])} "
+                f"(reads {', '.join(scopes)}; see --megacache-scope / --megacache-default-scope)")
     if best is None:
         return "nothing is stored under this prefix yet"
     _rank, folder, name, scope, stored_key = best

@@ -41,6 +41,13 @@ _ELF_SUFFIXES = (".so", ".o")
 # In TRITON_CACHE_DIR, Inductor's own kernels (named triton_<kind>_...) travel inside FX-graph entries
 # already; only the rest (user @triton.jit kernels, Triton's compiled launcher/driver modules) is carried.
 _INDUCTOR_KERNEL = re.compile(r"^(__grp__)?triton_(poi|red|per|tem|for|spl|mm|bmm|sca|unk|helper)[_.]")
+# Inductor's CPU precompiled header (``codecache._precompile_header``): ``<hash>.h`` holding one ``#include``
+# line and g++'s ``<hash>.h.gch`` (clang: ``.h.pch``) next to it. The hash covers the compile command, the
+# preprocessed header and the compiler version, so a carried header is used only where torch would have
+# built the same one; anything else in the directory stays.
+_PCH_NAME = re.compile(r"[a-z0-9]{8,64}\.h(\.gch|\.pch)?")
+_PCH_INCLUDE = re.compile(rb"#include <[A-Za-z0-9_./]{1,200}>\n")
+_PCH_MAGIC = (b"gpch", b"CPCH")
 
 
 def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:
@@ -55,6 +62,19 @@ def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:
         user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
     user = re.sub(r'[\\/:*?"<>|]', "_", user)
     return Path(tempfile.gettempdir(), "torchinductor_" + user).absolute()
+
+
+def pch_dir(env: dict[str, str] | None = None) -> Path:
+    """Where Inductor keeps its CPU precompiled headers: ``precompiled_headers`` under torch's *default*
+    cache directory, which TORCHINDUCTOR_CACHE_DIR does not move (``codecache._HEADER_DIR``)."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    return inductor_cache_dir(env) / "precompiled_headers"
+
+
+def pch_enabled(env: dict[str, str] | None = None) -> bool:
+    """Whether Inductor precompiles its CPU header (``config.cpp_cache_precompile_headers``; on by default)."""
+    value = (os.environ if env is None else env).get("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "1")
+    return os.name != "nt" and value == "1"
 
 
 def triton_cache_dir(env: dict[str, str] | None = None) -> Path:
@@ -114,6 +134,15 @@ def elf_problem(name: str, data: bytes) -> str | None:
     return None
 
 
+def pch_problem(name: str, data: bytes) -> str | None:
+    """Why ``data`` is not what a precompiled-header file of that name holds; else None."""
+    if not _PCH_NAME.fullmatch(name):
+        return "not a precompiled-header name"
+    if name.endswith(".h"):
+        return None if _PCH_INCLUDE.fullmatch(data) else "not a one-line #include header"
+    return None if data[:4] in _PCH_MAGIC else "not a precompiled header (bad magic)"
+
+
 def _read_under_torch_lock(root: Path, rel: str, timeout: float) -> bytes | None:
     """The file's bytes, read while holding (shared) the flock Inductor builds it under, if it has one.
     None when the lock stays taken past ``timeout`` (a build still running elsewhere)."""
@@ -153,7 +182,13 @@ class FileRoot:
     def kind(self) -> str:
         return FILE_PREFIX + self.name
 
+    def problem(self, name: str, data: bytes) -> str | None:
+        """Why this root must not carry or write ``data`` as ``name``; else None."""
+        return pch_problem(name, data) if self.name == "pch" else elf_problem(name, data)
+
     def _carried(self, rel: str) -> bool:
+        if self.name == "pch":
+            return bool(_PCH_NAME.fullmatch(rel))
         parts = rel.split("/")
         return parts[0] not in EXCLUDED_TOP and not any(_EXCLUDED_NAME.search(p) for p in parts)
 
@@ -205,7 +240,7 @@ class FileRoot:
             if data is None:
                 skipped.append(f"{rel}: still being built by another process after {lock_wait:g} s")
                 continue
-            if problem := elf_problem(rel, data):
+            if problem := self.problem(rel, data):
                 skipped.append(f"{rel}: {problem}")
                 continue
             entries.add(Entry(self.kind, rel, data, 0o755 if st.st_mode & 0o111 else 0o644))
@@ -224,7 +259,7 @@ class FileRoot:
             if entry.kind != self.kind:
                 continue
             validate_file_path(entry.name)
-            if problem := elf_problem(entry.name, entry.data):
+            if problem := self.problem(entry.name, entry.data):
                 if refused is not None:
                     refused.append(f"{entry.name}: {problem}")
                 continue

@@ -171,10 +171,6 @@ class Fingerprint:
 def compute(env: dict[str, str] | None = None, torch: TorchInfo | None = None) -> Fingerprint:
     """The fingerprint of this process's environment. Raises :class:`TorchUnavailable`."""
     env = dict(os.environ if env is None else env)
-    # The plugin turns Inductor's CPU precompiled header off unless the user chose (torch_adapter): key
-    # what the plugin will run with, so that `pytest-megacache key`, xdist workers (which inherit the
-    # variable) and the session itself all agree.
-    env.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
     torch = torch or torch_info()
     flags, physical = _cpu_flags()
     threads = thread_count(physical)

@@ -337,6 +337,7 @@ class Solo(Compiling):
             return
         cs.finish(self.adapter)
         cs.check_unused(self.selection)
+        cs.check_unstorable()
         cs.wait_diagnosis()
         self.notes.extend(cs.notes)
 
@@ -460,6 +461,7 @@ class Controller(Role):
             cs.problem(problem)
         cs.finish(None, workers=takeover.torch, worker_entries=takeover.entries, worker_profiles=takeover.profiles)
         cs.check_unused(self.selection)
+        cs.check_unstorable()
         cs.wait_diagnosis()
         self.notes.extend(cs.notes)
 

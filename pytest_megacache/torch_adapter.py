@@ -24,7 +24,9 @@ from .errors import redact_cut
 
 COUNTER_NAMES = {
     "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),
-    "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass", "autograd_cache_guard_miss"),
+    # autograd_cache_saved: entries written; a miss that is never saved had a backward that never ran.
+    "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass", "autograd_cache_guard_miss",
+                     "autograd_cache_saved"),
     "dynamo_cache": ("dynamo_cache_hit", "dynamo_cache_miss"),
 }
 # Counters that mean "this test compiled something the cache did not have", and their hit twins.
@@ -299,19 +301,3 @@ class TorchAdapter:
             for name in names:
                 out[name] = int(counters[group][name]) if group in counters else 0
         return out
-
-
-def disable_precompiled_headers(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
-    """Turn Inductor's CPU precompiled header off unless the user chose; True if we set it.
-
-    The header (156 MB, rebuilt in ~5 s on every fresh machine) lives outside the cache directory, and
-    the flag is part of each kernel's compile command, so it must be the same on the run that compiles
-    and the run that restores. Measured on 2 CPU cores: with it off, a run restoring the kernels is fastest.
-    """
-    if "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" in env:
-        return False
-    env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
-    config = sys.modules.get("torch._inductor.config")
-    if config is not None:
-        config.cpp_cache_precompile_headers = False  # type: ignore[attr-defined]
-    return True

@@ -277,6 +277,15 @@ def test_nearest_fingerprint_names_what_differs(tmp_path: Path) -> None:
         "nothing is stored under this prefix yet"
 
 
+def test_this_fingerprint_in_a_scope_that_is_not_read_is_named(tmp_path: Path) -> None:
+    store = MemoryStore()
+    blob = bundlemod.encode(bundlemod.Entries([bundlemod.Entry("torch/inductor", KEY_A, b"x")]), FP)
+    store.put(f"pytest-megacache/release/{FP}", "20260101T000000-1-abcdef.mcb", blob)
+    why = nearest_fingerprint(store, "pytest-megacache", ["main"], FP, {})
+    assert why is not None and "stored only in scope(s) this session does not read: release (reads main" in why
+    assert "release" not in (nearest_fingerprint(store, "pytest-megacache", ["release", "main"], FP, {}) or "")
+
+
 def test_a_changed_dynamic_shape_profile_is_uploaded_and_the_newest_wins(tmp_path: Path) -> None:
     """torch rewrites a pgo artifact under the same key when a second shape shows up."""
     store = MemoryStore()
@@ -396,3 +405,46 @@ def test_torch_cache_files_travel_only_for_what_no_process_of_the_session_record
     carried = {name for (_folder, _n), (blob, _t) in store.objects.items()
                for name in (e.name for e in bundlemod.decode(blob)[1])}
     assert f"fxgraph/{KEY_A[1:3]}/{KEY_A}/entry" not in carried and "aotautograd/achild/entry" in carried
+
+
+class ForwardOnly(FakeTorch):
+    """AOTAutograd misses that torch never saved (a forward needing grad whose backward never ran)."""
+
+    def __init__(self, keys: list[str], per_test: dict[str, tuple[int, int]]) -> None:
+        super().__init__(keys)
+        self.per_test = {nodeid: CompileRecord(0.1, 1, {"autograd_cache_miss": miss, "autograd_cache_saved": saved}, [])
+                         for nodeid, (miss, saved) in per_test.items()}
+
+    def counters(self) -> dict[str, int]:
+        per_test = getattr(self, "per_test", {})
+        return {"fxgraph_cache_miss": len(self.keys),
+                "autograd_cache_miss": sum(r.counters["autograd_cache_miss"] for r in per_test.values()),
+                "autograd_cache_saved": sum(r.counters["autograd_cache_saved"] for r in per_test.values())}
+
+
+@pytest.mark.parametrize(("per_test", "note"), [
+    ({"t.py::test_train": (1, 1)}, None),
+    ({"t.py::test_train": (1, 1), "t.py::test_infer": (2, 0)}, "2 AOTAutograd graph(s) compiled but not storable "
+                                                               "(in t.py::test_infer)"),
+    ({f"t.py::test_{i}": (1, 0) for i in range(5)}, "5 AOTAutograd graph(s) compiled but not storable "
+                                                   "(in t.py::test_0, t.py::test_1, t.py::test_2 and 2 more)"),
+])
+def test_graphs_whose_backward_never_ran_are_named_as_not_storable(
+        tmp_path: Path, per_test: dict[str, tuple[int, int]], note: str | None) -> None:
+    s = session(MemoryStore(), tmp_path, "a")
+    s.start_restore(background=False)
+    s.finish(ForwardOnly([KEY_A], per_test))  # type: ignore[arg-type]
+    s.check_unstorable()
+    unstorable = [n for n in s.notes if "not storable" in n]
+    if note is None:
+        assert unstorable == []
+    else:
+        assert len(unstorable) == 1 and unstorable[0].startswith(note) and "torch.no_grad()" in unstorable[0]
+
+
+def test_counters_without_a_saved_count_say_nothing_about_storability(tmp_path: Path) -> None:
+    """An older torch without the counter: no claim either way."""
+    s, _ = run(MemoryStore(), tmp_path, "a", [KEY_A])
+    s.torch_stats.counters["autograd_cache_miss"] = 3
+    s.check_unstorable()
+    assert not [n for n in s.notes if "not storable" in n]

@@ -17,7 +17,15 @@ import pytest
 
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.errors import BundleError
-from pytest_megacache.files import EXCLUDED_TOP, FileRoot, elf_problem, inductor_cache_dir, torch_cache_ident
+from pytest_megacache.files import (
+    EXCLUDED_TOP,
+    FileRoot,
+    elf_problem,
+    inductor_cache_dir,
+    pch_dir,
+    pch_enabled,
+    torch_cache_ident,
+)
 
 from .conftest import fake_elf as elf
 
@@ -359,3 +367,64 @@ def test_the_lock_wait_is_one_budget_for_the_whole_collect(root: FileRoot) -> No
         thread.join()
     assert not entries and len(skipped) == 5
     assert took < 1.2, took  # one 0.3 s budget; 5 x 0.3 s would be 1.5 s (the locks are held 1.5 s)
+
+
+# --- Inductor's CPU precompiled header ---------------------------------------------------------------
+
+PCH = "cyowqva53xuhkr2bupk2luatvnz3ddjl3ciikh2efpplhsk2llal"
+PCH_H = b"#include <torch/csrc/inductor/cpp_prefix.h>\n"
+
+
+def test_pch_dir_is_under_the_default_cache_dir_whatever_torchinductor_cache_dir_says(tmp_path: Path) -> None:
+    """torch keeps headers in ``default_cache_dir()/precompiled_headers`` (codecache._HEADER_DIR), which
+    TORCHINDUCTOR_CACHE_DIR does not move; the default directory follows TMPDIR."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "elsewhere")}
+    assert pch_dir(env) == inductor_cache_dir({}) / "precompiled_headers"
+    assert pch_dir(env).parent != inductor_cache_dir(env)
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("0", False), ("", False)])
+def test_pch_enabled_follows_torchs_default_and_the_variable(value: str | None, on: bool) -> None:
+    env = {} if value is None else {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": value}
+    assert pch_enabled(env) is on
+
+
+def test_pch_root_carries_only_new_header_pairs(tmp_path: Path) -> None:
+    pch = FileRoot("pch", tmp_path / "precompiled_headers")
+    write(pch.path / "olderheader1234.h", PCH_H)
+    before = pch.snapshot()
+    write(pch.path / f"{PCH}.h", PCH_H)
+    write(pch.path / f"{PCH}.h.gch", b"gpch+014" + b"x" * 64)
+    write(pch.path / "locks" / f"{PCH}.lock", b"")
+    write(pch.path / "notes.txt", b"x")
+    write(pch.path / "sub" / f"{PCH}.h", PCH_H)
+    entries, skipped = pch.collect(before)
+    assert sorted(e.name for e in entries) == [f"{PCH}.h", f"{PCH}.h.gch"]
+    assert {e.kind for e in entries} == {"file/pch"} and skipped == []
+
+
+@pytest.mark.parametrize(("name", "data", "why"), [
+    (f"{PCH}.h.gch", b"\x7fELF" + b"x" * 64, "bad magic"),
+    (f"{PCH}.h", b"#include <x.h>\nsystem();\n", "one-line #include"),
+    (f"{PCH}.h", b'#include "/etc/passwd"\n', "one-line #include"),
+])
+def test_pch_root_refuses_what_is_not_a_header(tmp_path: Path, name: str, data: bytes, why: str) -> None:
+    pch = FileRoot("pch", tmp_path / "precompiled_headers")
+    write(pch.path / name, data)
+    entries, skipped = pch.collect(set())
+    assert len(entries) == 0 and len(skipped) == 1 and why in skipped[0]
+    refused: list[str] = []
+    target = FileRoot("pch", tmp_path / "fresh")
+    assert target.restore([Entry("file/pch", name, data)], refused) == (0, 0)
+    assert not (target.path / name).exists() and why in refused[0]
+
+
+def test_pch_root_round_trip(tmp_path: Path) -> None:
+    src = FileRoot("pch", tmp_path / "a")
+    write(src.path / f"{PCH}.h", PCH_H)
+    write(src.path / f"{PCH}.h.gch", b"gpch+014" + os.urandom(256))
+    entries, _ = src.collect(set())
+    dest = FileRoot("pch", tmp_path / "b")
+    assert dest.restore(entries) == (2, 0)
+    assert tree(dest.path) == tree(src.path)
+    assert dest.restore(entries) == (0, 2)

@@ -75,15 +75,15 @@ def test_compile_settings_change_the_digest(var: str) -> None:
     base = compute()
     changed = compute({var: "1"})
     assert changed.digest != base.digest
-    assert changed.parts["env"] == {var: "1", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+    assert changed.parts["env"] == {var: "1"}
     assert compute({var: "0"}).digest not in (base.digest, changed.digest)
 
 
-def test_the_plugins_header_default_is_keyed_as_if_set() -> None:
-    """The plugin sets TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0 unless the user did: same key either way,
-    and a user who turns the header on gets another key (the kernels' compile command differs)."""
-    assert compute({}).key == compute({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}).key
-    assert compute({}).key != compute({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1"}).key
+def test_the_precompiled_header_is_left_to_torch_and_keyed() -> None:
+    """The plugin leaves Inductor's precompiled header as the user has it (torch's default: on), sets nothing,
+    and a user who turns it off gets another key (the kernels' compile command differs)."""
+    assert "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in compute({}).parts["env"]  # type: ignore[operator]
+    assert compute({}).key != compute({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}).key
 
 
 # --- environment values: shown only when known harmless ------------------------------------------------
@@ -100,7 +100,7 @@ HIDDEN_RE = re.compile(r"hidden:[0-9a-f]{16}")
      ("TORCHINDUCTOR_CPP_MARCH", "x86-64-v3"), ("TORCHDYNAMO_REPRO_AFTER", "aot")],
 )
 def test_allowlisted_settings_show_their_value(var: str, value: str) -> None:
-    assert compute({var: value}).parts["env"] == {var: value, "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+    assert compute({var: value}).parts["env"] == {var: value}
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_other_values_are_hidden_behind_a_digest(var: str, value: str) -> None:
     fp = compute({var: value})
     env = fp.parts["env"]
     assert isinstance(env, dict)
-    assert set(env) == {var, "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"}  # the name is still there
+    assert set(env) == {var}  # the name is still there
     assert HIDDEN_RE.fullmatch(env[var]), env
     everything = json.dumps(fp.parts) + fp.key + fp.digest
     for piece in (value, *re.split(r"[:/@,]+", value)):
@@ -158,7 +158,7 @@ def test_stored_differences_name_the_variable_without_its_value() -> None:
     values, and never a raw value an older version stored."""
     here = compute({"TORCHINDUCTOR_REDIS_URL": REDIS_URL, "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}).parts["env"]
     old_style = {"TORCHINDUCTOR_REDIS_URL": "redis://ci:0ldPassw0rd@redis.example:6379/0",
-                 "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0", "TORCHINDUCTOR_FREEZING": "1"}
+                 "TORCHINDUCTOR_FREEZING": "1"}
     assert isinstance(here, dict)
     lines = envpolicy.env_differences(old_style, here)
     text = "\n".join(lines)
