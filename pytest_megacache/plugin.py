@@ -33,6 +33,8 @@ import pytest
 
 from . import ci_env
 from . import report as reportmod
+from .childhook import Spool
+from .childhook import disarm as disarm_child_hook
 from .context import Context, Invocation, activate
 from .errors import MegacacheWarning, redact, redact_cut
 from .report import SessionReport, XdistStats
@@ -98,6 +100,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     role = config.stash.get(role_key, None)
     if role is not None:
         role.close()
+        role.release()
         del config.stash[role_key]
         config.pluginmanager.unregister(role)
 
@@ -119,6 +122,9 @@ class Role:
         self.meta: dict[str, object] = {}
         self.report: SessionReport | None = None
         self.single_thread = False
+        self.spool: Spool | None = None  # where the processes this session starts write their counters
+        if ctx.active:
+            disarm_child_hook()  # this process reports itself; only the processes it starts write records
 
     def pytest_report_header(self, config: pytest.Config) -> str:
         if not self.ctx.active or self.ctx.fingerprint is None:
@@ -250,6 +256,32 @@ class Role:
     def close(self) -> None:
         """Undo what the role installed in this process (torch hooks)."""
 
+    def open_spool(self) -> None:
+        """For the role that reports (a plain session, an xdist controller): child processes of the tests, and
+        of xdist workers, write their own torch counters here (``childhook``; the variable is inherited)."""
+        with self.contained("preparing the spool for child processes"):
+            self.spool = Spool()
+
+    def read_children(self) -> None:
+        """The child processes' records, validated, into the report: per child, like xdist workers."""
+        if self.spool is None:
+            return
+        records, rejects = self.spool.read()
+        if rejects:
+            self.problems.append(redact(f"{len(rejects)} child-process record(s) refused: " + "; ".join(rejects[:3])))
+        compiled = [r for r in records if r.compiled]
+        if self.session is None:
+            if compiled:
+                self.notes.append(f"{len(compiled)} child process(es) compiled, but this session never imported torch, "
+                                  "so nothing was restored or stored for them: run with --megacache-children")
+            return
+        self.session.torch_stats.children = [r.row() for r in compiled]
+
+    def release(self) -> None:
+        """At unconfigure: what outlives the session's end (the spool; the variable goes back as it was)."""
+        if self.spool is not None:
+            self.spool.close()
+
 
 class Off(Role):
     """The plugin is off (no store, ``--megacache-mode off``) or inactive (no usable torch, a bad signing key):
@@ -330,16 +362,20 @@ class Compiling(Role):
 class Solo(Compiling):
     """A plain session: restore, load, upload what is new."""
 
+    def __init__(self, config: pytest.Config, ctx: Context) -> None:
+        super().__init__(config, ctx)
+        self.open_spool()
+
     def finish(self) -> None:
         self.close()
         cs = self.session
-        if cs is None:
-            return
-        cs.finish(self.adapter)
-        cs.check_unused(self.selection)
-        cs.check_unstorable()
-        cs.wait_diagnosis()
-        self.notes.extend(cs.notes)
+        if cs is not None:
+            cs.finish(self.adapter)
+            cs.check_unused(self.selection)
+            cs.check_unstorable()
+            cs.wait_diagnosis()
+            self.notes.extend(cs.notes)
+        self.read_children()
 
 
 class Worker(Compiling):
@@ -409,6 +445,7 @@ class Controller(Role):
         super().__init__(config, ctx)
         self.takeover: Takeover | None = None
         self.stage_dir: Path | None = None
+        self.open_spool()  # before the workers start: they and their children inherit the variable
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -464,6 +501,7 @@ class Controller(Role):
         cs.check_unstorable()
         cs.wait_diagnosis()
         self.notes.extend(cs.notes)
+        self.read_children()
 
     def xdist_stats(self) -> XdistStats:
         takeover = self.takeover

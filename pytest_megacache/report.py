@@ -79,6 +79,9 @@ class TorchStats:
     # torch cache entries found in the cache directories that no process of the session recorded (compiled by
     # child processes: torchrun, mp.spawn, subprocess), per layer ("inductor": FX graphs, "aot_autograd")
     other_processes: dict[str, int] = field(default_factory=dict)
+    # child processes that reported their own counters (childhook), one dict each: label, pid, ppid, rank,
+    # local_rank, world_size, compiles, graphs, compile_seconds, counters
+    children: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
@@ -214,15 +217,40 @@ def _children_line(t: TorchStats) -> list[str]:
         for layer, n in sorted(t.other_processes.items())) + " that this session did not (found in the cache directory)"]
 
 
+MAX_CHILD_LINES = 8
+
+
+def _hit_miss(c: Mapping[str, int]) -> str:
+    return (f"FX {c.get('fxgraph_cache_hit', 0)} hit / {c.get('fxgraph_cache_miss', 0)} miss, AOTAutograd "
+            f"{c.get('autograd_cache_hit', 0)} hit / {c.get('autograd_cache_miss', 0)} miss")
+
+
+def _child_records_lines(t: TorchStats) -> list[str]:
+    """The child processes' own counters: a total, then one line per child."""
+    if not t.children:
+        return []
+    total: dict[str, int] = {}
+    for child in t.children:
+        for name, n in child["counters"].items():
+            total[name] = total.get(name, 0) + int(n)
+    seconds = sum(float(child["compile_seconds"]) for child in t.children)
+    lines = [f"{len(t.children)} child process(es) compiled: {_hit_miss(total)}, {seconds:.2f} s compiling"]
+    lines += [f"  {child['label']}: {_hit_miss(child['counters'])}, {child['compiles']} compiles, "
+              f"{float(child['compile_seconds']):.2f} s" for child in t.children[:MAX_CHILD_LINES]]
+    if len(t.children) > MAX_CHILD_LINES:
+        lines.append(f"  and {len(t.children) - MAX_CHILD_LINES} more (the JSON report lists every one)")
+    return lines
+
+
 def _torch_lines(t: TorchStats, xd: XdistStats | None) -> list[str]:
     if not t.compiled:
-        return ["torch: nothing was compiled", *_children_line(t)]
+        return ["torch: nothing was compiled in this process", *_child_records_lines(t), *_children_line(t)]
     return [_layer_line(t),
             f"{t.compiles} compiles, {t.compile_seconds:.2f} s compiling"
             + (f" across {xd.workers} xdist workers" if xd is not None and xd.workers else "")
             + (f"; about {t.seconds_saved:.1f} s of cold compiling saved" if t.seconds_saved else "")
             + ("; one compile thread (the cache covers this selection)" if t.single_compile_thread else ""),
-            *_children_line(t)]
+            *_child_records_lines(t), *_children_line(t)]
 
 
 def _upload_lines(up: UploadStats, verbose: int) -> list[str]:

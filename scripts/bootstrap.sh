@@ -9,7 +9,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 PY="$venv/bin/python"
 stamp="$venv/.megacache-deps"
-want="$(cat "$root/pyproject.toml" "$root/constraints-ci.txt" | sha256sum | cut -c1-16)"
+want="$(cat "$root/pyproject.toml" "$root/constraints-ci.txt" "$root/setup.py" "$root/pytest_megacache_children.pth" | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$PY" -m pip install -q --disable-pip-version-check -c "$root/constraints-ci.txt" \
     "torch==2.13.0" -e "$root[test]" ruff mypy

@@ -79,6 +79,13 @@ def kid_counters(run: Run, name: str) -> dict[str, Any]:
     return doc
 
 
+def children_by_counters(run: Run) -> list[tuple[int, int]]:
+    """(FX hits, FX misses) of each child in the session report."""
+    assert run.report is not None
+    return [(c["counters"]["fxgraph_cache_hit"], c["counters"]["fxgraph_cache_miss"])
+            for c in run.report["torch"]["children"]]
+
+
 def run_with_kids(project: TorchProject, *args: str) -> Run:
     kids = project.pytester.path / f"run{project.runs + 1}" / "kids"
     kids.mkdir(parents=True)
@@ -100,6 +107,12 @@ def test_compiles_in_child_processes_are_stored_and_hit_warm(pytester: pytest.Py
     # The children's FX graphs (one each, the killed child's included: it was written before the kill).
     assert cold.report["torch"]["other_processes"]["inductor"] == 3
     cold.result.stdout.fnmatch_lines(["child processes compiled *3 FX graphs* that this session did not*"])
+    # Each child that exited normally reported its own counters (childhook: the .pth installed with the package);
+    # the SIGKILLed one could not. They match what the children read from torch themselves.
+    cold_children = children_by_counters(cold)
+    assert sorted(cold_children) == [(0, 1), (0, 1)], cold.report["torch"]["children"]
+    assert [kid_counters(cold, n)["inductor"]["fxgraph_cache_miss"] for n in ("subprocess", "spawn")] == [1, 1]
+    cold.result.stdout.fnmatch_lines(["2 child process(es) compiled: FX 0 hit / 2 miss*", "  pid *: FX 0 hit / 1 miss*"])
     [obj] = list(store.rglob("*.mcb"))
     names = {e.name for e in bundlemod.decode(obj.read_bytes())[1]}
     assert sum(name.startswith("fxgraph/") for name in names) == 3
@@ -112,5 +125,7 @@ def test_compiles_in_child_processes_are_stored_and_hit_warm(pytester: pytest.Py
             assert counters.get("fxgraph_cache_hit", 0) >= 1 and counters.get("fxgraph_cache_miss", 0) == 0, \
                 (args, name, counters)
         assert warm.report is not None and warm.report["upload"]["objects"] == 0, warm.report["upload"]
+        # The children of xdist workers report to the controller's spool too.
+        assert sorted(children_by_counters(warm)) == [(1, 0), (1, 0)], (args, warm.report["torch"]["children"])
         assert not warm.megacache_warnings(), warm.result.outlines[-20:]
     assert len(list(store.rglob("*.mcb"))) == 1  # nothing uploaded twice
