@@ -86,6 +86,7 @@ def phase(project: Path, store: Path, work: Path, name: str, extra_env: dict[str
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
                            *plugin, *args], cwd=project, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    print(f"  {name}: wall {wall:.1f} s", flush=True)
     if proc.returncode != 0:
         sys.exit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     counters = json.loads((root / "counters.json").read_text())
@@ -100,6 +101,7 @@ def phase(project: Path, store: Path, work: Path, name: str, extra_env: dict[str
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--skip-files-no", action="store_true", help="leave out the mega-cache-only row (saves time)")
     opts = parser.parse_args()
     off = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
     scenarios = [
@@ -107,6 +109,8 @@ def main() -> None:
         ("mega-cache only (--megacache-files no)", {}, ["--megacache-files", "no"]),
         ("header off (PRECOMPILE_HEADERS=0)", off, []),
     ]
+    if opts.skip_files_no:
+        del scenarios[1]
     rows = []
     plains: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="megacache-bench-") as tmp:

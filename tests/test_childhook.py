@@ -676,6 +676,8 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory) -> TorchRun:
     env = child_env(None, PYTHONPATH=str(root), TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
                     TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
     env.pop("TORCH_COMPILE_JOB_ID", None)
+    for spool in ("spool-compiling", "spool-spawned", "spool-idle"):  # the session creates its spool (plugin.py)
+        (root / spool).mkdir(mode=0o700)
     compiling = subprocess.Popen(
         [sys.executable, "-c", COMPILING_CHILD, str(root / "facts.json"), str(root / "spool-spawned")],
         env={**env, SPOOL_ENV: str(root / "spool-compiling")}, cwd=root, text=True,
@@ -720,7 +722,8 @@ def test_a_real_spawn_child_writes_its_own_record(torch_run: TorchRun) -> None:
 
 @pytest.mark.torch
 def test_a_real_child_that_loaded_torch_dynamo_but_compiled_nothing_writes_nothing(torch_run: TorchRun) -> None:
-    assert not (torch_run.root / "spool-idle").exists()
+    assert torch_run.idle.returncode == 0, torch_run.idle.stderr
+    assert list((torch_run.root / "spool-idle").iterdir()) == []
 
 
 # --- the session's side: the spool the plugin opens, reads and removes ------------------------------------------

@@ -68,7 +68,9 @@ def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytest
     # Each worker compiled into its own Inductor directory, never the shared default one.
     dirs = sorted(p.name.rsplit("-", 1)[-1] for p in (cold.root / "tmp").glob("torchinductor_*-gw*"))
     assert dirs == ["gw0", "gw1"], list((cold.root / "tmp").iterdir())
-    assert not list((cold.root / "tmp").glob("torchinductor_*[!0-9]"))
+    # The default directory holds only Inductor's precompiled header, which TORCHINDUCTOR_CACHE_DIR never moves.
+    shared = list((cold.root / "tmp").glob("torchinductor_*[!0-9]"))
+    assert all({p.name for p in d.iterdir()} <= {"precompiled_headers"} for d in shared), shared
     [stored] = mcb(s3_server, bucket_env["MEGACACHE_BUCKET"])
     blob = s3_server.client().get_object(Bucket=bucket_env["MEGACACHE_BUCKET"], Key=stored)["Body"].read()
     producer = bundlemod.decode_header(blob)[0].extra["producer"]
@@ -114,7 +116,9 @@ def test_a_crashed_worker_loses_only_its_own_artifacts(pytester: pytest.Pytester
 
     warm = project.run("-n", "2", "--dist", "loadgroup", "-k", "not crashes")
     warm.result.assert_outcomes(passed=2)
-    assert warm.fx_hits == survived and warm.fx_misses == 2 - survived, warm.counters
+    # The dead worker's FX graph is lost from mega-cache; if it finished writing it into the directory both
+    # workers share here, the surviving worker's scan may carry it as a file (lose nothing), so warm hits it.
+    assert warm.fx_hits >= survived and warm.fx_hits + warm.fx_misses == 2, warm.counters
 
 
 def test_n0_runs_without_a_controller(pytester: pytest.Pytester, tmp_path: Path) -> None:
