@@ -2,7 +2,8 @@
 
 Commands: ``key`` (this environment's fingerprint), ``inspect`` (validate bundles, from files or from the
 store), ``ls`` (what the store holds, per scope and fingerprint), ``prune`` (delete by age and/or a size
-budget), ``pull`` and ``push`` (copy objects between the store and a local directory store).
+budget), ``pull`` and ``push`` (copy objects between the store and a local directory store), ``doctor`` (check
+a CI setup, one line per check: :mod:`.doctor`).
 
 The store layout these commands read is ``<prefix>/<scope>/<fingerprint key>/<object name>.mcb``
 (:class:`.layout.Layout`): one segment of scope (a branch, '/' written as '+') and four of fingerprint key.
