@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +49,12 @@ def fake_elf(payload: bytes = b"") -> bytes:
     Kernel files (.so) the plugin carries must be whole ELF files; truncated ones are refused."""
     header = b"\x7fELF\x02\x01\x01" + bytes(64 - 7)
     return header + payload
+
+
+def tool_path(name: str) -> str:
+    """A console script of this environment (beside its python), else one on PATH; skips if neither."""
+    exe = Path(sys.executable).with_name(name)
+    found = str(exe) if exe.exists() else shutil.which(name)
+    if not found:
+        pytest.skip(f"{name} is not installed")
+    return found

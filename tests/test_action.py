@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,6 +24,8 @@ import pytest
 import yaml
 
 from pytest_megacache import ci_env
+
+from .conftest import tool_path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "action" / "megacache_action.py"
@@ -450,19 +451,11 @@ def test_scripts_never_trace(tmp_path: Path) -> None:
             assert needle not in text, needle
 
 
-def _tool(name: str) -> str:
-    exe = Path(sys.executable).with_name(name)
-    found = str(exe) if exe.exists() else shutil.which(name)
-    if not found:
-        pytest.skip(f"{name} is not installed")
-    return found
-
-
 def test_the_scripts_are_lint_and_type_clean() -> None:
     """tests/test_quality.py covers the package and the tests; the action's and the release's scripts run on
     runners, outside both: ruff and mypy --strict here."""
     scripts = [str(SCRIPT), str(ROOT / ".github" / "scripts" / "check_release.py")]
-    ruff = subprocess.run([_tool("ruff"), "check", *scripts], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    ruff = subprocess.run([tool_path("ruff"), "check", *scripts], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ruff.returncode == 0, ruff.stdout + ruff.stderr
-    mypy = subprocess.run([_tool("mypy"), "--strict", *scripts], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    mypy = subprocess.run([tool_path("mypy"), "--strict", *scripts], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert mypy.returncode == 0, mypy.stdout + mypy.stderr
