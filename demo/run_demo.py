@@ -69,6 +69,7 @@ class RunResult:
     keys: list[str] = field(default_factory=list)
     # torch's counters of each child process (the DDP ranks of test_distributed.py), summed
     children: dict[str, dict[str, int]] = field(default_factory=dict)
+    ranks: int = 0  # child processes that wrote their counters file
 
 
 def child_env(s3: LocalS3, run_dir: Path, counters_path: Path) -> dict[str, str]:
@@ -150,7 +151,7 @@ def run_pytest(name: str, s3: LocalS3, bucket: str, work: Path, extra: list[str]
     objects = s3.objects(bucket)
     result = RunResult(name, returncode, wall, load_json(report_path), load_json(counters_path),
                        len(objects), sum(size for _, size in objects), [key for key, _ in objects],
-                       child_counters(run_dir))
+                       child_counters(run_dir), len(list((run_dir / "child-counters").glob("*.json"))))
     say(f"{name} run finished in {wall:.1f} s (pytest exit {returncode}); the bucket holds "
         f"{result.bucket_objects} object(s), {human_bytes(result.bucket_bytes)}")
     for key, size in objects:
@@ -159,6 +160,17 @@ def run_pytest(name: str, s3: LocalS3, bucket: str, work: Path, extra: list[str]
 
 
 # --- the table -------------------------------------------------------------------------------------
+def _report_children(r: RunResult, prefix: str) -> str | None:
+    """Hits / misses summed over the children listed in the session report (``torch.children``: each child's
+    own record, written through the .pth hook the package installs)."""
+    children = _get(r.report, "torch", "children") if r.report is not None else None
+    if not isinstance(children, list):
+        return None
+    hits = sum(int(c["counters"].get(f"{prefix}_hit", 0)) for c in children)
+    misses = sum(int(c["counters"].get(f"{prefix}_miss", 0)) for c in children)
+    return f"{hits} / {misses} ({len(children)} children)"
+
+
 def _get(data: dict[str, Any] | None, *path: str) -> Any:
     for part in path:
         if not isinstance(data, dict) or part not in data:
@@ -211,6 +223,9 @@ def table(cold: RunResult, warm: RunResult) -> list[str]:
     row("child processes (2 DDP ranks): AOTAutograd hits / misses", "", lambda r: None if not r.children else
         f"{_get(r.children, 'aot_autograd', 'autograd_cache_hit') or 0} / "
         f"{_get(r.children, 'aot_autograd', 'autograd_cache_miss') or 0}")
+    row("child processes in the plugin's report: FX hits / misses", "", lambda r: _report_children(r, "fxgraph_cache"))
+    row("child processes in the plugin's report: AOTAutograd hits / misses", "",
+        lambda r: _report_children(r, "autograd_cache"))
     row("restore: objects used / listed", "", lambda r: None if r.report is None else
         f"{_get(r.report, 'restore', 'objects_used')} / {_get(r.report, 'restore', 'objects_listed')}")
     row("restore: bytes fetched (report restore.bytes_fetched)", "bytes",
@@ -271,6 +286,11 @@ def check(cold: RunResult, warm: RunResult) -> tuple[list[str], list[str]]:
     if child_misses:
         failures.append(f"the warm run's child processes (DDP ranks) missed torch's FX graph cache {child_misses} "
                         "time(s)")
+    for r in (cold, warm):
+        told = _get(r.report, "torch", "children") if r.report is not None else None
+        if r.ranks and (not isinstance(told, list) or len(told) != r.ranks):
+            failures.append(f"the {r.name} run's report lists {len(told or [])} child processes, {r.ranks} ranks wrote "
+                            "counters (is pytest_megacache_children.pth installed in site-packages?)")
     warm_hits = _get(warm.counters, "inductor", "fxgraph_cache_hit") or 0
     warm_misses = _get(warm.counters, "inductor", "fxgraph_cache_miss") or 0
     if warm.counters is not None and warm_misses:

@@ -26,8 +26,10 @@ def _free_port() -> int:
 
 
 def _rank_step(rank: int, port: int, use_cuda: bool) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=WORLD)
+    # What torchrun sets for each rank; init_method "env://" reads them.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(WORLD))
+    dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")
     try:
         device = torch.device(f"cuda:{rank}") if use_cuda else torch.device("cpu")
         torch.manual_seed(0)
