@@ -523,9 +523,10 @@ def _synthetic_entries(count: int = 128, size: int = 128 * 1024) -> Any:
 
     entries = Entries()
     for i in range(count):
-        # Half random, half repetitive: compresses roughly like compiled kernels do.
+        # Half random, half repetitive: compresses roughly like compiled kernels do. Named as kernel sources
+        # (.cpp travel too): random bytes named .so would be refused as cut-short ELF files, as they should.
         data = os.urandom(size // 2) + bytes(range(256)) * (size // 512)
-        entries.add(Entry("file/inductor", f"bench{i % 16:02d}/kernel_{i:04d}.so", data, 0o755))
+        entries.add(Entry("file/inductor", f"bench{i % 16:02d}/kernel_{i:04d}.cpp", data, 0o644))
     return entries
 
 
