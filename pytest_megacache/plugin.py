@@ -33,8 +33,6 @@ import pytest
 
 from . import ci_env
 from . import report as reportmod
-from .childhook import Spool
-from .childhook import disarm as disarm_child_hook
 from .context import Context, Invocation, activate
 from .errors import MegacacheWarning, redact, redact_cut
 from .report import SessionReport, XdistStats
@@ -42,6 +40,7 @@ from .settings import OPTIONS, SettingsError, resolve
 from .torch_adapter import PostImportHook, TorchAdapter
 
 if TYPE_CHECKING:
+    from .childhook import Spool
     from .core import CacheSession
     from .xdist import Takeover
 
@@ -124,7 +123,9 @@ class Role:
         self.single_thread = False
         self.spool: Spool | None = None  # where the processes this session starts write their counters
         if ctx.active:
-            disarm_child_hook()  # this process reports itself; only the processes it starts write records
+            from .childhook import disarm
+
+            disarm()  # this process reports itself; only the processes it starts write records
 
     def pytest_report_header(self, config: pytest.Config) -> str:
         if not self.ctx.active or self.ctx.fingerprint is None:
@@ -259,6 +260,8 @@ class Role:
     def open_spool(self) -> None:
         """For the role that reports (a plain session, an xdist controller): child processes of the tests, and
         of xdist workers, write their own torch counters here (``childhook``; the variable is inherited)."""
+        from .childhook import Spool
+
         with self.contained("preparing the spool for child processes"):
             self.spool = Spool()
 
