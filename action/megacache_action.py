@@ -19,12 +19,13 @@ uses ``actions/cache``, whose post step saves at the end of the job when the job
 
 It never prints an input's value other than the directory and the cache key, and refuses an endpoint URL that
 holds credentials: whatever goes to ``$GITHUB_ENV`` is shown in the log header of every later step.
-Standard library only; it runs with the runner's ``python3`` (3.10 or newer, like the plugin).
+Standard library only; it runs with the runner's ``python3`` (3.10 or newer, like the plugin). Whether a run is
+a fork's pull request is decided by the plugin's own rule (``pytest_megacache.ci_env``, standard library only too),
+imported from the action's checkout, so the action and the plugin cannot disagree.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -33,8 +34,11 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
+
+# The action's checkout is the plugin's repository: its own copy of the package, whatever python3 has installed.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pytest_megacache import ci_env
 
 MODES = ("readwrite", "read", "write", "off")
 # What a fork's pull request runs with, for each requested mode: it never writes.
@@ -53,7 +57,6 @@ KEY_MAX = 512  # actions/cache: at most 512 characters, no commas
 TAG_CHARS = re.compile(r"[A-Za-z0-9_.+-]+")
 SUFFIX = re.compile(r"[A-Za-z0-9_.+-]{1,100}")
 FLAT_KEY = re.compile(r"[A-Za-z0-9_.+-]{1,300}")
-MAX_EVENT_FILE = 64 << 20
 
 
 class ActionError(Exception):
@@ -73,55 +76,10 @@ KeyCommand = Callable[[], str]
 
 # --- GitHub's event -------------------------------------------------------------------------------
 
-def _event(env: Mapping[str, str]) -> dict[str, Any] | None:
-    path = env.get("GITHUB_EVENT_PATH", "")
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_EVENT_FILE + 1)
-        if len(data) > MAX_EVENT_FILE:
-            return None
-        doc = json.loads(data.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _get(doc: object, *path: str) -> object:
-    for part in path:
-        if not isinstance(doc, dict):
-            return None
-        doc = doc.get(part)
-    return doc
-
-
 def fork_pull_request(env: Mapping[str, str]) -> tuple[bool, str]:
-    """Is this a pull request whose head lives in another repository? The plugin's rule (``ci_env``):
-    ``pull_request*`` events only; by repository id, else by full name (case-insensitive), else
-    ``head.repo.fork``; an unreadable payload or an unknown head counts as a fork (fail safe)."""
-    event = env.get("GITHUB_EVENT_NAME", "")
-    if not event.startswith("pull_request"):
-        return False, f"not a pull request ({event or 'no GitHub event'})"
-    doc = _event(env)
-    if doc is None:
-        return True, f"{event}: the event payload cannot be read; assuming a fork"
-    head = _get(doc, "pull_request", "head", "repo")
-    base = _get(doc, "repository")
-    if not isinstance(base, dict):
-        base = _get(doc, "pull_request", "base", "repo")
-    if not isinstance(head, dict):
-        return True, f"{event}: the payload names no head repository; assuming a fork"
-    base = base if isinstance(base, dict) else {}
-    head_id, base_id = head.get("id"), base.get("id")
-    if isinstance(head_id, int) and isinstance(base_id, int):
-        return (head_id != base_id), f"{event}: head and base repository ids"
-    head_name, base_name = head.get("full_name"), base.get("full_name")
-    if isinstance(head_name, str) and isinstance(base_name, str):
-        return (head_name.lower() != base_name.lower()), f"{event}: head and base repository names"
-    if head.get("fork") is True:
-        return True, f"{event}: the head repository is a fork"
-    return True, f"{event}: cannot tell the head repository from the base; assuming a fork"
+    """Is this a pull request whose head lives in another repository? The plugin's rule (``ci_env``)."""
+    check = ci_env.is_fork_pull_request(env)
+    return check.fork, check.reason
 
 
 def default_branch_push(env: Mapping[str, str]) -> tuple[bool, str]:
@@ -129,7 +87,7 @@ def default_branch_push(env: Mapping[str, str]) -> tuple[bool, str]:
     event = env.get("GITHUB_EVENT_NAME", "")
     if event != "push":
         return False, f"not a push ({event or 'no GitHub event'})"
-    branch = _get(_event(env), "repository", "default_branch")
+    branch = ci_env.payload_get(ci_env.event_payload(env)[0], "repository", "default_branch")
     if not isinstance(branch, str) or not branch:
         return False, "the event payload does not name the default branch"
     if env.get("GITHUB_REF", "") != f"refs/heads/{branch}":

@@ -51,7 +51,7 @@ def _read_small(path: Path, limit: int = _MAX_SMALL_FILE) -> str | None:
         return None
 
 
-def _event_payload(env: Mapping[str, str]) -> tuple[dict[str, Any] | None, str]:
+def event_payload(env: Mapping[str, str]) -> tuple[dict[str, Any] | None, str]:
     """GitHub's event payload (``GITHUB_EVENT_PATH``) as a dict, or None and why not."""
     path = env.get("GITHUB_EVENT_PATH")
     if not path:
@@ -68,7 +68,8 @@ def _event_payload(env: Mapping[str, str]) -> tuple[dict[str, Any] | None, str]:
     return doc, "event payload"
 
 
-def _get(doc: object, *path: str) -> object:
+def payload_get(doc: object, *path: str) -> object:
+    """``doc[path[0]][path[1]]...``, or None where a level is missing or not an object."""
     for part in path:
         if not isinstance(doc, dict):
             return None
@@ -95,13 +96,13 @@ def is_fork_pull_request(env: Mapping[str, str]) -> ForkCheck:
         return ForkCheck(False, "not a GitHub Actions event (GITHUB_EVENT_NAME is not set)")
     if not is_pull_request_event(env):
         return ForkCheck(False, f"not a pull request event ({event})")
-    doc, why = _event_payload(env)
+    doc, why = event_payload(env)
     if doc is None:
         return ForkCheck(True, f"{event} event: {why}; assuming a fork")
-    head = _get(doc, "pull_request", "head", "repo")
-    base = _get(doc, "repository")
+    head = payload_get(doc, "pull_request", "head", "repo")
+    base = payload_get(doc, "repository")
     if not isinstance(base, dict):
-        base = _get(doc, "pull_request", "base", "repo")
+        base = payload_get(doc, "pull_request", "base", "repo")
     if not isinstance(head, dict):
         # head.repo is null when the fork was deleted; a missing pull_request says nothing either way.
         return ForkCheck(True, f"{event} event: the payload does not name the head repository; assuming a fork")
@@ -223,8 +224,8 @@ def current_scope(env: Mapping[str, str], cwd: str | os.PathLike[str]) -> tuple[
     if head_ref or pull:
         if pull:
             return sanitize_scope(f"pr-{pull.group(1)}"), f"GITHUB_REF ({ref})"
-        doc, _why = _event_payload(env)
-        number = _get(doc, "pull_request", "number")
+        doc, _why = event_payload(env)
+        number = payload_get(doc, "pull_request", "number")
         if isinstance(number, int) and not isinstance(number, bool) and number > 0:
             return sanitize_scope(f"pr-{number}"), "pull request number (event payload)"
         return sanitize_scope(head_ref), "GITHUB_HEAD_REF"
@@ -253,8 +254,8 @@ def default_scope(env: Mapping[str, str], cwd: str | os.PathLike[str], explicit:
     """
     if explicit and explicit.strip():
         return sanitize_scope(explicit.strip())
-    doc, _why = _event_payload(env)
-    branch = _get(doc, "repository", "default_branch")
+    doc, _why = event_payload(env)
+    branch = payload_get(doc, "repository", "default_branch")
     if isinstance(branch, str) and branch:
         return sanitize_scope(branch)
     git_dir = find_git_dir(cwd)
