@@ -50,12 +50,9 @@ _PCH_INCLUDE = re.compile(rb"#include <[A-Za-z0-9_./]{1,200}>\n")
 _PCH_MAGIC = (b"gpch", b"CPCH")
 
 
-def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:
-    """TORCHINDUCTOR_CACHE_DIR as torch resolves it (``runtime/cache_dir_utils.py``), without torch."""
-    env = dict(os.environ if env is None else env)
-    configured = env.get("TORCHINDUCTOR_CACHE_DIR")
-    if configured:
-        return Path(configured).absolute()
+def default_cache_dir() -> Path:
+    """torch's default cache directory (``runtime/cache_dir_utils.default_cache_dir``), without torch:
+    ``torchinductor_<user>`` under the temporary directory."""
     try:
         user = getpass.getuser()
     except (KeyError, ModuleNotFoundError, OSError):
@@ -64,11 +61,16 @@ def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:
     return Path(tempfile.gettempdir(), "torchinductor_" + user).absolute()
 
 
-def pch_dir(env: dict[str, str] | None = None) -> Path:
+def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:
+    """TORCHINDUCTOR_CACHE_DIR as torch resolves it (``runtime/cache_dir_utils.py``), without torch."""
+    configured = (os.environ if env is None else env).get("TORCHINDUCTOR_CACHE_DIR")
+    return Path(configured).absolute() if configured else default_cache_dir()
+
+
+def pch_dir() -> Path:
     """Where Inductor keeps its CPU precompiled headers: ``precompiled_headers`` under torch's *default*
     cache directory, which TORCHINDUCTOR_CACHE_DIR does not move (``codecache._HEADER_DIR``)."""
-    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "TORCHINDUCTOR_CACHE_DIR"}
-    return inductor_cache_dir(env) / "precompiled_headers"
+    return default_cache_dir() / "precompiled_headers"
 
 
 def pch_enabled(env: dict[str, str] | None = None) -> bool:

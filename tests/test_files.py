@@ -375,12 +375,14 @@ PCH = "cyowqva53xuhkr2bupk2luatvnz3ddjl3ciikh2efpplhsk2llal"
 PCH_H = b"#include <torch/csrc/inductor/cpp_prefix.h>\n"
 
 
-def test_pch_dir_is_under_the_default_cache_dir_whatever_torchinductor_cache_dir_says(tmp_path: Path) -> None:
+def test_pch_dir_is_under_the_default_cache_dir_whatever_torchinductor_cache_dir_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch keeps headers in ``default_cache_dir()/precompiled_headers`` (codecache._HEADER_DIR), which
     TORCHINDUCTOR_CACHE_DIR does not move; the default directory follows TMPDIR."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "elsewhere")}
-    assert pch_dir(env) == inductor_cache_dir({}) / "precompiled_headers"
-    assert pch_dir(env).parent != inductor_cache_dir(env)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", env["TORCHINDUCTOR_CACHE_DIR"])
+    assert pch_dir() == inductor_cache_dir({}) / "precompiled_headers"
+    assert pch_dir().parent != inductor_cache_dir(env)
 
 
 @pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("0", False), ("", False)])
