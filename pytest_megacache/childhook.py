@@ -264,11 +264,6 @@ class ChildRecord:
                 "local_rank": self.local_rank, "world_size": self.world_size, "compiles": self.compiles,
                 "graphs": self.graphs, "compile_seconds": self.compile_seconds, "counters": dict(self.counters)}
 
-    def as_stats(self) -> dict[str, Any]:
-        """What :meth:`report.TorchStats.add` takes for a worker."""
-        return {"compiled": self.compiled, "compiles": self.compiles, "compile_seconds": self.compile_seconds,
-                "counters": dict(self.counters)}
-
 
 class _Reject(Exception):
     """A record file failed validation; the message is a fixed reason, never the file's content."""

@@ -184,7 +184,9 @@ def test_a_child_that_compiled_writes_one_valid_record(kid: Any, tmp_path: Path)
         file=name, pid=k.facts["pid"], ppid=os.getpid(), rank=3, local_rank=1, world_size=4, compiled=True,
         compiles=2, graphs=2, compile_seconds=0.75, counters=counters)
     assert record.label() == f"rank 3 (pid {record.pid})"
-    assert record.as_stats() == {"compiled": True, "compiles": 2, "compile_seconds": 0.75, "counters": counters}
+    assert record.row() == {"label": f"rank 3 (pid {record.pid})", "pid": record.pid, "ppid": os.getpid(), "rank": 3,
+                            "local_rank": 1, "world_size": 4, "compiles": 2, "graphs": 2, "compile_seconds": 0.75,
+                            "counters": counters}
 
 
 def test_a_child_outliving_its_session_writes_nothing_and_creates_no_spool(kid: Any, tmp_path: Path) -> None:
