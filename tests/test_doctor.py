@@ -252,6 +252,15 @@ def test_an_unanswering_endpoint_fails_within_the_budget(capsys: pytest.CaptureF
     assert checks["bucket"] == ("FAIL", "checking the bucket did not finish within the budget of the doctor's store "
                                         "checks (2 s, --megacache-timeout)")
     assert checks["restore"][0] == "FAIL"
+    # The same through the entry point, timed until the process has exited: nothing waits on the abandoned
+    # request at interpreter exit (the store calls run in daemon threads).
+    aws_env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    start = time.monotonic()
+    proc = _subprocess(*s3_args(proxy.url, bucket), "--megacache-timeout", "2", env=aws_env)
+    took = time.monotonic() - start
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    assert "did not finish within the budget" in proc.stdout
+    assert 2.0 <= took < 8.0, took  # the 2 s budget plus the interpreter's start, not botocore's 3 x 30 s
 
 
 def test_a_refused_write(capsys: pytest.CaptureFixture[str], aws: S3Server, proxy: FaultProxy,
