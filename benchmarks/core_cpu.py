@@ -23,6 +23,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from run import plugin_args  # benchmarks/run.py, beside this script (its folder is on sys.path)
+
 WORKLOAD = textwrap.dedent(
     """
     import torch
@@ -68,9 +70,8 @@ COUNTERS = textwrap.dedent(
 )
 
 
-# The installed entry point, else the plugin from this checkout (PYTHONPATH), as benchmarks/run.py does.
-LOAD = [] if any(ep.name == "megacache" for ep in importlib.metadata.entry_points(group="pytest11")) else [
-    "-p", "pytest_megacache.plugin"]
+# The installed entry point, else the plugin from this checkout (PYTHONPATH): benchmarks/run.py's rule.
+LOAD = plugin_args()[0]
 
 
 def phase(project: Path, store: Path, work: Path, name: str, extra_env: dict[str, str], args: list[str]) -> dict:
