@@ -118,6 +118,7 @@ class CacheSession:
         self.torch_stats = TorchStats()
         self._thread: threading.Thread | None = None
         self._deadline: Deadline | None = None
+        self.wait_seconds = 0.0  # time callers spent blocked in wait_restore (the restore's cost to the session)
         self._state_lock = threading.Lock()
         self._state = "idle"  # idle -> running -> committing -> done, or running -> abandoned
         self._settled = threading.Event()  # done or abandoned: nobody waits any more
@@ -181,6 +182,14 @@ class CacheSession:
         after that returns at once, so the budget is paid once per session whoever waits."""
         if self._settled.is_set() or self._deadline is None:
             return self.restore_finished
+        started = time.perf_counter()
+        try:
+            return self._wait_restore()
+        finally:
+            self.wait_seconds += time.perf_counter() - started
+
+    def _wait_restore(self) -> bool:
+        assert self._deadline is not None
         if self._settled.wait(self._deadline.remaining() + RESTORE_GRACE):
             return self.restore_finished
         with self._state_lock:

@@ -35,7 +35,7 @@ from . import ci_env
 from . import report as reportmod
 from .context import Context, Invocation, activate
 from .errors import MegacacheWarning, redact, redact_cut
-from .report import SessionReport, XdistStats
+from .report import ProcessTimes, SessionReport, XdistStats, process_age
 from .settings import OPTIONS, SettingsError, resolve
 from .torch_adapter import PostImportHook, TorchAdapter
 
@@ -109,10 +109,14 @@ class Role:
     the report (built in one place, :meth:`build_report`), the header and the summary."""
 
     role = "solo"
+    process = "main"  # this process's name in the per-process times
 
     def __init__(self, config: pytest.Config, ctx: Context) -> None:
         self.config, self.ctx, self.settings = config, ctx, ctx.settings
         self.started = time.perf_counter()
+        self.age_at_start = process_age()
+        self._collected: float | None = None  # perf_counter() when collection finished
+        self._run_end: tuple[float, float] | None = None  # perf_counter() and the restore waits when tests ended
         self.problems = list(ctx.problems)  # every problem of the session, for the report and strict mode
         self._said = len(self.problems)  # those before this index were warned about already
         self.notes = list(ctx.notes)
@@ -134,6 +138,7 @@ class Role:
                 f"{self.ctx.fingerprint.key}")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._collected = time.perf_counter()
         if self.ctx.active and session.items:
             digest = hashlib.sha256("\n".join(sorted(item.nodeid for item in session.items)).encode())
             self.selection = digest.hexdigest()[:32]
@@ -184,6 +189,7 @@ class Role:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.tests_ended()
         with self.contained("finishing the session"):
             self.finish()
         with self.contained("writing the report"):
@@ -194,6 +200,37 @@ class Role:
 
     def finish(self) -> None:
         """The role's end of session (upload, hand over): a no-op unless the role has one."""
+
+    def tests_ended(self) -> None:
+        self._run_end = (time.perf_counter(), self.session.wait_seconds if self.session is not None else 0.0)
+
+    def process_times(self) -> ProcessTimes:
+        """Where this process's seconds went, from its start to now (see :class:`ProcessTimes`)."""
+        now = time.perf_counter()
+        collected = self._collected if self._collected is not None else self.started
+        run_end, waited = self._run_end or (now, self.session.wait_seconds if self.session is not None else 0.0)
+        t = ProcessTimes(process=self.process, startup=self.age_at_start, collect=collected - self.started,
+                         finish=now - run_end, restore_wait=waited)
+        adapter: TorchAdapter | None = getattr(self, "adapter", None)
+        compiled = imported_in_tests = 0.0
+        if adapter is not None:
+            # torch's and torch._dynamo's imports (the latter inside a test's first torch.compile, typically): their
+            # own phase, taken out of the phase they happened in (spans do not nest: torch is done first).
+            for start, end in adapter.import_spans:
+                t.imports += end - start
+                if end <= collected:
+                    t.collect -= end - start
+                else:
+                    imported_in_tests += end - start
+            adapter.absorb_metrics()
+            t.dynamo, t.backend, t.backward = (round(adapter.split[k], 4) for k in ("dynamo", "backend", "backward"))
+            compiled = max(adapter.compile_seconds, t.dynamo + t.backend + t.backward)
+            t.compile_other = max(0.0, adapter.compile_seconds - (t.dynamo + t.backend + t.backward))
+        if self.session is not None and self.session.load_stats.called:
+            t.load = self.session.load_stats.seconds
+        t.tests = max(0.0, run_end - collected - waited - t.load - compiled - imported_in_tests)
+        t.total = (t.startup or 0.0) + now - self.started
+        return t
 
     def drain(self) -> None:
         if self.session is not None:
@@ -226,7 +263,12 @@ class Role:
                                                                          cs.torch_stats, cs.upload_stats)
             report.torch.single_compile_thread = self.single_thread
             report.xdist = self.xdist_stats()
+        if ctx.active:
+            report.processes = [self.process_times(), *self.worker_times()]
         return report
+
+    def worker_times(self) -> list[ProcessTimes]:
+        return []
 
     def xdist_stats(self) -> XdistStats:
         return XdistStats(self.role)
@@ -313,7 +355,7 @@ class Compiling(Role):
         if self.settings.strict or self.settings.children or "torch" in sys.modules:
             self.start_cache()
         else:
-            self._torch_hook = PostImportHook("torch", lambda _module: self.start_cache())
+            self._torch_hook = PostImportHook("torch", lambda _module: self.start_cache(), self.adapter.import_spans)
             sys.meta_path.insert(0, self._torch_hook)
         self.adapter.install()
         self.strict_wait()
@@ -395,6 +437,7 @@ class Worker(Compiling):
 
         self.workerinput: dict[str, Any] = getattr(config, "workerinput", {})
         self.worker_id = str(self.workerinput.get("workerid", ""))
+        self.process = self.worker_id or "worker"
         # Its own directories unless the user chose them (directories shared between processes can race).
         for var, base in (("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir()), ("TRITON_CACHE_DIR", triton_cache_dir())):
             if not os.environ.get(var):
@@ -419,6 +462,7 @@ class Worker(Compiling):
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         from . import xdist
 
+        self.tests_ended()
         self.close()
         output: dict[str, Any] = {"idle": True, "problems": []}  # never imported torch
         cs = self.session
@@ -434,6 +478,8 @@ class Worker(Compiling):
                     new = cs.collect(self.adapter).minus(cs.restored)
                     output.update(xdist.hand_over(self.staged_at, self.worker_id, new, cs.fingerprint))
             output["problems"] = [redact(p) for p in cs.new_problems()]
+        with self.contained("timing the worker"):
+            output["times"] = asdict(self.process_times())
         workeroutput: dict[str, Any] = getattr(self.config, "workeroutput", {})
         workeroutput[xdist.KEY] = output
 
@@ -443,6 +489,7 @@ class Controller(Role):
     over what each hands back, merges it and uploads once."""
 
     role = "controller"
+    process = "controller"
 
     def __init__(self, config: pytest.Config, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -505,6 +552,9 @@ class Controller(Role):
         cs.wait_diagnosis()
         self.notes.extend(cs.notes)
         self.read_children()
+
+    def worker_times(self) -> list[ProcessTimes]:
+        return list(self.takeover.times) if self.takeover is not None else []
 
     def xdist_stats(self) -> XdistStats:
         takeover = self.takeover

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,6 +107,72 @@ class TorchStats:
 
 
 
+# The phases of one process, in the order they happen (see ProcessTimes); "exit" is measured from outside.
+PHASES = ("startup", "collect", "imports", "restore_wait", "load", "dynamo", "backend", "backward", "compile_other", "tests",
+          "finish")
+
+
+def process_age() -> float | None:
+    """Seconds since this process started, from the kernel's record of its start (Linux); else None."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return age if 0 <= age < 1e7 else None
+
+
+@dataclass
+class ProcessTimes:
+    """Where one process's seconds went: the session's own process ("main") or an xdist worker ("gw0", ...).
+
+    The phases do not overlap and, with ``startup``, add up to the process's life until its report: startup
+    (process start to the plugin's configure: the interpreter, pytest, plugins and the first conftests, which
+    often import torch), collect (to the end of collection: test modules), imports (torch's, when the plugin saw
+    it, and torch._dynamo's, which the first ``torch.compile`` pulls in, wherever they happened), restore_wait (blocked on the
+    restore), load (``load_cache_artifacts``), the compile split by torch's own timings (dynamo: tracing,
+    guards, bytecode; backend: AOTAutograd and Inductor for forward graphs, cache lookups and kernel builds
+    included; backward: lazily compiled backward graphs; compile_other: the rest of the compile callbacks'
+    time), tests (the rest of running the tests) and finish (collecting and uploading, or handing over). Only
+    the interpreter's exit (atexit, Inductor's compile pool) is left: whoever started the process measures it.
+    """
+
+    process: str = "main"
+    startup: float | None = None  # None where the process's start time is not known (not Linux)
+    collect: float = 0.0
+    imports: float = 0.0
+    restore_wait: float = 0.0
+    load: float = 0.0
+    dynamo: float = 0.0
+    backend: float = 0.0
+    backward: float = 0.0
+    compile_other: float = 0.0
+    tests: float = 0.0
+    finish: float = 0.0
+    total: float = 0.0  # process start (or configure, without startup) to the report
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], process: str) -> ProcessTimes:
+        """Another process's figures (an xdist worker's ``workeroutput``), each checked to be a finite number."""
+        def num(name: str) -> float | None:
+            value = doc.get(name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < 1e7):
+                return None
+            return float(value)
+
+        out = cls(process=process, startup=num("startup"))
+        for name in (*PHASES[1:], "total"):
+            setattr(out, name, num(name) or 0.0)
+        return out
+
+    def line(self) -> str:
+        parts = [f"{name.replace('_', ' ')} {getattr(self, name):.2f}" for name in PHASES
+                 if getattr(self, name) is not None and getattr(self, name) >= 0.005]
+        return f"{self.process}: {self.total:.2f} s = " + ", ".join(parts)
+
+
 @dataclass
 class XdistStats:
     role: str = "solo"  # "solo" or "controller" (workers report to their controller, not here)
@@ -131,6 +198,7 @@ class SessionReport:
     torch: TorchStats | None = None
     upload: UploadStats | None = None
     xdist: XdistStats | None = None
+    processes: list[ProcessTimes] = field(default_factory=list)  # this process first, then xdist workers
 
     @property
     def idle(self) -> bool:
@@ -148,6 +216,8 @@ class SessionReport:
             part = getattr(self, name)
             if part is not None:
                 doc[name] = asdict(part)
+        if self.processes:
+            doc["processes"] = [asdict(p) for p in self.processes]
         return doc
 
 
@@ -281,6 +351,9 @@ def terminal_lines(report: SessionReport, verbose: int = 0, durations: int = 0) 
         lines.append(f"slowest {len(slow)} uncached compiles:" if slow else "no test compiled anything uncached")
         lines.extend(f"  {rec['seconds']:7.2f} s  {rec['compiles']:3d} compiles  {nodeid}" for nodeid, rec in slow)
     lines += _upload_lines(up, verbose)
+    if verbose > 0 and report.processes:
+        lines.append("seconds per process (startup to report; the exit comes after):")
+        lines.extend("  " + p.line() for p in report.processes)
     if report.xdist is not None and report.xdist.lost:
         lines.append("xdist workers that handed nothing over (their new artifacts are lost): "
                      + ", ".join(report.xdist.lost))

@@ -53,11 +53,13 @@ class CompileRecord:
 
 
 class _NotifyingLoader(importlib.abc.Loader):
-    """Runs the real loader, then a callback with the freshly executed module."""
+    """Runs the real loader, then a callback with the freshly executed module; records how long the import
+    took (``spans``: the perf_counter() interval, for the per-process times)."""
 
-    def __init__(self, inner: Any, after: Callable[[ModuleType], None]) -> None:
+    def __init__(self, inner: Any, after: Callable[[ModuleType], None], spans: list[tuple[float, float]]) -> None:
         self.inner = inner
         self.after = after
+        self.spans = spans
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         module: ModuleType | None = self.inner.create_module(spec)
@@ -68,7 +70,9 @@ class _NotifyingLoader(importlib.abc.Loader):
         module.__loader__ = self.inner
         if module.__spec__ is not None:
             module.__spec__.loader = self.inner
+        started = time.perf_counter()
         self.inner.exec_module(module)
+        self.spans.append((started, time.perf_counter()))
         self.after(module)
 
     def __getattr__(self, name: str) -> Any:
@@ -76,9 +80,11 @@ class _NotifyingLoader(importlib.abc.Loader):
 
 
 class PostImportHook(importlib.abc.MetaPathFinder):
-    def __init__(self, fullname: str, after: Callable[[ModuleType], None]) -> None:
+    def __init__(self, fullname: str, after: Callable[[ModuleType], None],
+                 spans: list[tuple[float, float]] | None = None) -> None:
         self.fullname = fullname
         self.after = after
+        self.spans = spans if spans is not None else []  # when the import ran (start, end)
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
                   ) -> importlib.machinery.ModuleSpec | None:
@@ -88,7 +94,7 @@ class PostImportHook(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _NotifyingLoader(spec.loader, self.after)
+        spec.loader = _NotifyingLoader(spec.loader, self.after, self.spans)
         return spec
 
     def remove(self) -> None:
@@ -132,6 +138,10 @@ class TorchAdapter:
         self._started: float | None = None
         self.per_test: dict[str, CompileRecord] = {}
         self._test: tuple[str, float, int, dict[str, int], int] | None = None
+        # torch's own split of the compile seconds (its per-frame compilation metrics), summed as they come
+        self.split = {"dynamo": 0.0, "backend": 0.0, "backward": 0.0}
+        self.import_spans: list[tuple[float, float]] = []  # torch._dynamo's import, when the hook saw it
+        self._last_metric: Any = None
 
     # --- lifecycle -------------------------------------------------------------------------------
     def install(self) -> None:
@@ -139,7 +149,7 @@ class TorchAdapter:
         if "torch._dynamo" in sys.modules:
             self._register(sys.modules["torch._dynamo"])
         elif self._hook is None:
-            self._hook = PostImportHook("torch._dynamo", self._register)
+            self._hook = PostImportHook("torch._dynamo", self._register, self.import_spans)
             sys.meta_path.insert(0, self._hook)
 
     def ensure_registered(self) -> None:
@@ -191,11 +201,47 @@ class TorchAdapter:
             self.compile_seconds += time.perf_counter() - self._started
             self._started = None
 
+    # --- torch's own timings ---------------------------------------------------------------------
+    def absorb_metrics(self) -> None:
+        """Add the frames torch recorded since the last call to :attr:`split`: per forward frame, Dynamo's own
+        seconds (the frame's compile minus its backend call) and the backend's (AOTAutograd and Inductor); per
+        lazily compiled backward, its seconds. torch keeps the last 64 records (a ring): called after every
+        test, so a test that compiles more than that loses the oldest. Read-only; best effort (private API)."""
+        get = getattr(sys.modules.get("torch._dynamo.utils"), "get_compilation_metrics", None)
+        if get is None:
+            return
+        try:
+            records = list(get())
+            start = 0
+            last = self._last_metric
+            if last is not None:
+                for i in range(len(records) - 1, -1, -1):
+                    if records[i] is last:
+                        start = i + 1
+                        break
+                else:  # the last one counted left the ring: what started after it is new
+                    since = getattr(last, "start_time_us", None) or 0
+                    start = next((i for i, r in enumerate(records) if (getattr(r, "start_time_us", None) or 0) > since),
+                                 len(records))
+            for record in records[start:]:
+                if getattr(record, "is_forward", True) is False:
+                    self.split["backward"] += (getattr(record, "duration_us", None) or 0) / 1e6
+                    continue
+                frame = getattr(record, "entire_frame_compile_time_s", None) or 0.0
+                backend = getattr(record, "backend_compile_time_s", None) or 0.0
+                self.split["dynamo"] += max(0.0, frame - backend)
+                self.split["backend"] += backend
+            if records:
+                self._last_metric = records[-1]
+        except Exception:  # noqa: BLE001 - a timing breakdown must never cost a session
+            return
+
     # --- per-test attribution --------------------------------------------------------------------
     def begin_test(self, nodeid: str) -> None:
         self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen_set()))
 
     def end_test(self) -> None:
+        self.absorb_metrics()
         if self._test is None:
             return
         nodeid, seconds, compiles, counters, seen = self._test

@@ -25,6 +25,7 @@ from typing import Any
 from . import bundle as bundlemod
 from .bundle import Entries, Entry
 from .errors import BundleError, StoreError, redact_cut
+from .report import ProcessTimes
 from .stores import LocalDirStore, ObjectInfo, new_object_name
 
 STAGE_FOLDER = "staged"
@@ -131,6 +132,7 @@ class Takeover:
         self.entries = Entries()
         self.profiles: dict[tuple[str, str], list[Entry]] = {}  # every worker's copy: merged at the end
         self.torch: list[dict[str, Any]] = []  # each worker's torch figures
+        self.times: list[ProcessTimes] = []  # where each worker's seconds went
         self.lost: list[str] = []
         self.problems: list[str] = []
         self.selection: str | None = None
@@ -155,6 +157,8 @@ class Takeover:
             self.problems.append(f"xdist worker {worker}'s artifacts were refused: {type(exc).__name__}: "
                                  f"{redact_cut(str(exc))}")
         self.torch.append(dict(output.get("torch", {})))
+        if isinstance(output.get("times"), dict):
+            self.times.append(ProcessTimes.from_dict(output["times"], worker))
         self.problems.extend(f"[{worker}] {problem}" for problem in output.get("problems", []))
         if self.selection is None and output.get("selection"):
             # Every worker collects the whole selection: the first one's digest is the session's.

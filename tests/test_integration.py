@@ -16,6 +16,7 @@ import pytest
 
 from pytest_megacache import bundle as bundlemod
 from pytest_megacache.bundle import Entries, Entry
+from pytest_megacache.report import PHASES
 
 from .conftest import S3Server, free_port
 from .helpers_torch import Run, TorchProject
@@ -88,6 +89,20 @@ def test_cold_then_warm_over_local_directory(pytester: pytest.Pytester) -> None:
 
     warm = project.run("-k", "test_f")
     assert warm.fx_hits == 1 and warm.fx_misses == 0 and warm.aot_hits == 1
+    # Where each session's seconds went: its own process only, the compile split by torch's own timings.
+    for run in (cold, warm):
+        assert run.report is not None
+        [main] = run.report["processes"]
+        assert main["process"] == "main"
+        assert main["startup"] is not None and 0 < main["startup"] < main["total"]
+        assert main["imports"] > 0  # torch._dynamo's import, inside the test's first torch.compile
+        assert main["dynamo"] > 0 and main["backend"] > 0
+        phases = sum(main[name] or 0 for name in PHASES)
+        assert phases <= main["total"] + 0.05, main
+        assert main["total"] <= main["startup"] + run.report["session_seconds"] + 0.05, main
+    assert cold.report and warm.report
+    assert cold.report["processes"][0]["backend"] > warm.report["processes"][0]["backend"]
+    assert warm.report["processes"][0]["load"] > 0 and cold.report["processes"][0]["load"] == 0
 
 
 def test_writers_in_sequence_keep_both_and_compaction_loses_nothing(

@@ -75,6 +75,11 @@ def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytest
     blob = s3_server.client().get_object(Bucket=bucket_env["MEGACACHE_BUCKET"], Key=stored)["Body"].read()
     producer = bundlemod.decode_header(blob)[0].extra["producer"]
     assert len(producer["selection"]) == 32  # from the workers' collection: lets a warm run spare the pool
+    # Each worker's own times travel to the controller's report; the controller compiles nothing itself.
+    processes = {p["process"]: p for p in cold.report["processes"]}
+    assert sorted(processes) == ["controller", "gw0", "gw1"]
+    assert processes["controller"]["dynamo"] == processes["controller"]["backend"] == 0
+    assert all(processes[w]["backend"] > 0 and processes[w]["startup"] > 0 for w in ("gw0", "gw1")), processes
 
     warm = project.run("-n", "2", env=per_worker)
     warm.result.assert_outcomes(passed=4)
