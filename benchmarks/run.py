@@ -52,7 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "example_project"
 sys.path.insert(0, str(ROOT))  # pytest_megacache from this checkout, for the objects check
 sys.path.insert(0, str(ROOT / "demo"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # varied.py, also when this file is imported by path (the tests)
 from local_s3 import LocalS3, clean_env  # the S3 server the demo and the tests use too  # noqa: E402
+from varied import make_varied_project  # benchmarks/varied.py, beside this script  # noqa: E402
 
 THREADS_FLAG = "--megacache-compile-threads"
 NAIVE_ZSTD_LEVEL = 3
@@ -64,6 +66,14 @@ WARM_HOT_TARGET = 1.10
 # A cold run with the plugin against plain pytest on the same machine (the plugin must not slow a cold run).
 COLD_PLAIN_TARGET = 1.05
 MOVED_RAW_TARGET = 0.15
+XDIST_WARM_TARGET = 1.0  # a warm -n N run against a warm serial one (session wall)
+# The plugin's per-process phases (pytest_megacache.report.PHASES; the same names, kept here so the benchmark
+# reads reports of older plugins too), and the one measured from outside.
+PHASES = ("startup", "collect", "imports", "restore_wait", "load", "dynamo", "backend", "backward", "compile_other",
+          "tests", "finish")
+PHASE_COLORS = {"startup": "#95a5a6", "collect": "#bdc3c7", "imports": "#7f8c8d", "restore_wait": "#e67e22",
+                "load": "#f39c12", "dynamo": "#8e44ad", "backend": "#c0392b", "backward": "#e74c3c",
+                "compile_other": "#d35400", "tests": "#27ae60", "finish": "#2980b9", "exit": "#34495e"}
 IDLE_TARGET_MS = 100.0
 MODE_COLORS = {"plain": "#7f8c8d",
                "cold": "#c0392b", "warm": "#27ae60", "warm-auto": "#16a085", "warm-keep": "#1abc9c", "hot": "#2980b9",
@@ -139,6 +149,12 @@ def make_synthetic(base: Path, n: int, device: str) -> Workload:
     return Workload(f"synthetic-{n}", project, ["test_synthetic.py"], project / "pytest.ini", device)
 
 
+def make_varied(base: Path, n: int, device: str) -> Workload:
+    """``n`` small compiled functions of varied kinds (benchmarks/varied.py): a suite with many small graphs."""
+    project, args, ini = make_varied_project(base, n, device)
+    return Workload(f"varied-{n}", project, args, ini, device)
+
+
 def make_example(device: str) -> Workload:
     marker = "gpu" if device == "cuda" else "not gpu"
     return Workload("example", EXAMPLE, ["tests", "-m", marker], EXAMPLE / "pyproject.toml", device)
@@ -202,6 +218,10 @@ class Run:
     problems: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     log: str | None = None
+    # where each process's seconds went (the report's "processes": the session's own, then xdist workers'),
+    # and the session process's exit (interpreter shutdown, Inductor's pool): wall minus what its report covers
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    exit_seconds: float | None = None
 
 
 class Runner:
@@ -308,6 +328,10 @@ def _fill_from_report(r: Run, doc: dict[str, Any]) -> None:
     r.compile_threads = _get(doc, "settings", "compile_threads")
     r.single_thread = _get(doc, "torch", "single_compile_thread")
     r.problems = list(doc.get("problems") or [])
+    r.processes = [p for p in doc.get("processes") or [] if isinstance(p, dict)]
+    main = r.processes[0] if r.processes else {}
+    if r.wall is not None and main.get("startup") is not None and isinstance(main.get("total"), (int, float)):
+        r.exit_seconds = max(0.0, r.wall - float(main["total"]))
 
 
 def _failure(rc: int, doc: dict[str, Any] | None, wl: Workload, mode: str) -> str | None:
@@ -453,6 +477,53 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
             for r in bench_xdist(runner, wl, rep, base, xdist):
                 record(r)
     return runs, populated
+
+
+# --- per-process costs no cache entry covers, measured apart ---------------------------------------------
+APART = {
+    "import torch": "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)",
+    "import torch._dynamo (torch already imported)":
+        "import time, torch; t = time.perf_counter(); import torch._dynamo; print(time.perf_counter() - t)",
+    "CPU vector-ISA probe": "import time, torch._inductor.cpu_vec_isa as m; t = time.perf_counter(); "
+                            "m.valid_vec_isa_list(); print(time.perf_counter() - t)",
+}
+
+
+def bench_apart(runner: Runner, work: Path, repeats: int) -> list[dict[str, Any]]:
+    """Each snippet in a fresh process (the benchmark's clean environment), ``repeats`` times: the probe once in
+    an empty cache directory (what a cold run pays) and once in the directory the first probe filled (what a
+    run pays whose restore brought the probe's libraries)."""
+    rows = []
+    for name, code in APART.items():
+        variants = [("fresh cache dir", True), ("probe libraries present", False)] if "probe" in name else [("", True)]
+        for label, fresh in variants:
+            seconds = []
+            for i in range(repeats):
+                root = work / "apart" / f"{len(rows)}-{i}"
+                dirs = Dirs.fresh(root)
+                if not fresh:
+                    prev = work / "apart" / f"{len(rows) - 1}-{i}"
+                    dirs = Dirs(prev / "inductor-cache", prev / "triton-cache", dirs.tmp)
+                env = {**runner.env, "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor), "TRITON_CACHE_DIR": str(dirs.triton),
+                       "TMPDIR": str(dirs.tmp)}
+                proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      timeout=runner.timeout)
+                try:
+                    seconds.append(float(proc.stdout.strip().splitlines()[-1]))
+                except (ValueError, IndexError):
+                    say(f"apart: {name} failed: {proc.stderr.strip()[-300:]}")
+            rows.append({"what": name + (f" ({label})" if label else ""), "seconds": seconds,
+                         "median": statistics.median(seconds) if seconds else None})
+    return rows
+
+
+def apart_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["### per-process costs measured apart (each a fresh process)", "",
+             "| what | median s | runs |", "| --- | --- | --- |"]
+    for r in rows:
+        med = "n/a" if r["median"] is None else f"{r['median']:.2f}"
+        lines.append(f"| {r['what']} | {med} | {', '.join(f'{x:.2f}' for x in r['seconds'])} |")
+    return [*lines, ""]
 
 
 # --- idle: the plugin's cost when nothing compiles --------------------------------------------------
@@ -738,12 +809,15 @@ def workload_tables(wl: Workload, runs: list[Run], repeats: int) -> tuple[list[s
         ratios["warm-xdist/warm compile"] = ratio(g("warm-xdist", "compile_seconds"), g("warm", "compile_seconds"))
         ratios["warm-xdist/cold-xdist compile"] = ratio(g("warm-xdist", "compile_seconds"),
                                                         g("cold-xdist", "compile_seconds"))
+        ratios["warm-xdist/warm wall"] = ratio(g("warm-xdist", "wall"), g("warm", "wall"))
         stored = statistics.median(r.extra["bucket_bytes"] for r in xwarm)
         lines += [f"| warm-xdist bytes fetched / bytes stored ({human_bytes(stored)} in "
                   f"{statistics.median(r.extra['bucket_objects'] for r in xwarm):g} objects) | {f(downloads)} "
                   f"| 1 (one download for all workers) | {_check(abs(downloads - 1.0), 1e-9)} |",
                   f"| warm-xdist/cold-xdist compile | {f(ratios['warm-xdist/cold-xdist compile'])} "
-                  f"| <= {wc_bound} ({wl.device}) | {_check(ratios['warm-xdist/cold-xdist compile'], wc_bound)} |"]
+                  f"| <= {wc_bound} ({wl.device}) | {_check(ratios['warm-xdist/cold-xdist compile'], wc_bound)} |",
+                  f"| warm-xdist/warm session wall | {f(ratios['warm-xdist/warm wall'])} | <= {XDIST_WARM_TARGET} "
+                  f"(never slower than serial) | {_check(ratios['warm-xdist/warm wall'], XDIST_WARM_TARGET)} |"]
     if "warm-auto" in by_mode:
         wa, wk = med["warm-auto"], med["warm-keep"]
         ratios["warm-auto/warm-keep wall"] = ratio(wa["wall"], wk["wall"])
@@ -757,7 +831,59 @@ def workload_tables(wl: Workload, runs: list[Run], repeats: int) -> tuple[list[s
         lines += ["", "FAILED runs:"]
         lines += [f"- {r.mode}, repeat {r.repeat + 1}: {r.error}" + (f" (log {r.log})" if r.log else "") for r in failures]
     lines.append("")
-    return lines, {"medians": med, "ratios": ratios, "warm_cold_target": wc_bound}
+    lines += phase_lines(wl, runs)
+    return lines, {"medians": med, "ratios": ratios, "warm_cold_target": wc_bound,
+                   "phases": [{"mode": m, "process": p, **v} for m, p, v in phase_rows(runs)]}
+
+
+def _phase_medians(rs: list[Run], process: str) -> dict[str, float] | None:
+    """Median seconds per phase of one process (by name: "main", "controller", "gw0", ...) over the runs."""
+    rows = [next((p for p in r.processes if p.get("process") == process), None) for r in rs if r.ok]
+    rows = [p for p in rows if p is not None]
+    if not rows:
+        return None
+    out = {name: statistics.median(float(p.get(name) or 0.0) for p in rows) for name in (*PHASES, "total")}
+    exits = [r.exit_seconds for r in rs if r.ok and r.exit_seconds is not None]
+    if process in ("main", "controller") and exits:
+        out["exit"] = statistics.median(exits)
+    return out
+
+
+def phase_rows(runs: list[Run]) -> list[tuple[str, str, dict[str, float]]]:
+    """(mode, process, median seconds per phase) for every mode with reports, session process first."""
+    by_mode: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.processes:
+            by_mode.setdefault(r.mode, []).append(r)
+    out = []
+    for mode, rs in by_mode.items():
+        names = list(dict.fromkeys(str(p.get("process")) for r in rs for p in r.processes))
+        for process in names:
+            med = _phase_medians(rs, process)
+            if med is not None:
+                out.append((mode, process, med))
+    return out
+
+
+def phase_lines(wl: Workload, runs: list[Run]) -> list[str]:
+    rows = phase_rows(runs)
+    if not rows:
+        return []
+    cols = [*PHASES, "exit"]
+    lines = [f"#### {wl.name}: where each process's seconds go (medians; the plugin's per-process times, exit "
+             "measured from outside)", "",
+             "| mode | process | " + " | ".join(c.replace("_", " ") for c in cols) + " | sum | session wall |",
+             "| --- | --- | " + " | ".join("---" for _ in cols) + " | --- | --- |"]
+    walls = {mode: _median([r for r in runs if r.mode == mode], "wall") for mode, _p, _m in rows}
+    for mode, process, med in rows:
+        cells = [f"{med[c]:.2f}" if c in med else "" for c in cols]
+        wall = walls.get(mode)
+        lines.append(f"| {mode} | {process} | " + " | ".join(cells) + f" | {sum(med.get(c, 0.0) for c in cols):.2f} "
+                     f"| {'' if wall is None or process not in ('main', 'controller') else f'{wall:.2f}'} |")
+    lines += ["", "startup: interpreter, pytest, plugins, first conftests (torch's import, when a conftest imports "
+              "it); imports: torch and torch._dynamo when the plugin saw them; dynamo / backend / backward: torch's own "
+              "split of the compile; exit: interpreter shutdown, Inductor's compile pool included.", ""]
+    return lines
 
 
 def idle_lines(idle: dict[str, Any]) -> list[str]:
@@ -826,15 +952,48 @@ def plot(out: Path, results: dict[str, Any], runs: list[Run], env: dict[str, Any
     path = out / "compile_seconds.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    plot_phases(plt, out / "phases.png", results, env)
     return None
+
+
+def plot_phases(plt: Any, path: Path, results: dict[str, Any], env: dict[str, Any]) -> None:
+    """Where each process's seconds go: one stacked bar per mode and process, one panel per workload."""
+    panels = [(w["name"], w.get("phases") or []) for w in results["workloads"] if w.get("phases")]
+    if not panels:
+        return
+    cols = [*PHASES, "exit"]
+    height = max(3.0, 0.45 * max(len(rows) for _n, rows in panels) + 1.5)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, height * len(panels)), squeeze=False)
+    for ax, (name, rows) in zip(axes[:, 0], panels, strict=True):
+        labels = [f"{row['mode']} {row['process']}" if row["process"] not in ("main",) else row["mode"] for row in rows]
+        left = [0.0] * len(rows)
+        for col in cols:
+            widths = [float(row.get(col) or 0.0) for row in rows]
+            if not any(widths):
+                continue
+            ax.barh(labels, widths, left=left, color=PHASE_COLORS[col], label=col.replace("_", " "))
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+        for i, total in enumerate(left):
+            ax.annotate(f"{total:.1f} s", (total, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("seconds (medians per phase)")
+        ax.legend(fontsize=7, ncol=6, loc="lower right")
+    fig.suptitle("pytest-megacache: where each process's seconds go\n" + env_label(env), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 # --- main -------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--workload", nargs="+", choices=("example", "synthetic"), default=["example", "synthetic"])
+    parser.add_argument("--workload", nargs="+", choices=("example", "synthetic", "varied"),
+                        default=["example", "synthetic"])
     parser.add_argument("--n", nargs="+", type=int, default=[10, 50], help="synthetic workload sizes (default: 10 50)")
+    parser.add_argument("--varied-n", nargs="+", type=int, default=[130],
+                        help="varied workload sizes (default: 130 functions of 13 kinds)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
@@ -843,6 +1002,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sessions per idle variant (default: 3 x --repeats, at least 5)")
     parser.add_argument("--idle-only", action="store_true", help="only the idle measurement")
     parser.add_argument("--no-idle", action="store_true", help="skip the idle measurement")
+    parser.add_argument("--no-apart", action="store_true",
+                        help="skip the costs measured apart (import torch, torch._dynamo, the CPU vector-ISA probe)")
     parser.add_argument("--no-threads-pair", action="store_true", help=f"skip the {THREADS_FLAG} auto/keep pair")
     parser.add_argument("--xdist", type=int, default=0, metavar="N",
                         help="also run cold and warm with pytest-xdist -n N (default: off)")
@@ -852,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.idle_repeats is None:
         opts.idle_repeats = max(5, 3 * opts.repeats)
-    if opts.repeats < 1 or opts.idle_repeats < 1 or any(n < 1 for n in opts.n) or opts.xdist < 0:
+    if opts.repeats < 1 or opts.idle_repeats < 1 or any(n < 1 for n in [*opts.n, *opts.varied_n]) or opts.xdist < 0:
         parser.error("--repeats, --idle-repeats and --n take positive numbers, --xdist zero or more")
     if opts.xdist and importlib.util.find_spec("xdist") is None:
         parser.error("--xdist needs pytest-xdist: pip install -r benchmarks/requirements.txt")
@@ -866,7 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
     all_runs: list[Run] = []
     results: dict[str, Any] = {"environment": env, "argv": sys.argv[1:] if argv is None else argv,
                                "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()},
-                               "workloads": [], "idle": None, "objects": None, "notes": []}
+                               "workloads": [], "idle": None, "objects": None, "apart": None, "notes": []}
     md: list[str] = ["# pytest-megacache benchmark", "", f"{env_label(env)}; {env['date']}", "",
                      "Command: `python benchmarks/run.py " + " ".join(results["argv"]) + "`", ""]
     notes: list[str] = results["notes"]
@@ -883,6 +1044,8 @@ def main(argv: list[str] | None = None) -> int:
                     workloads.append(make_example(opts.device))
                 if "synthetic" in opts.workload:
                     workloads += [make_synthetic(work / "projects", n, opts.device) for n in opts.n]
+                if "varied" in opts.workload:
+                    workloads += [make_varied(work / "projects", n, opts.device) for n in opts.varied_n]
             threads = False
             if workloads and not opts.no_threads_pair:
                 threads = has_threads_option(runner, workloads[0], work)
@@ -899,6 +1062,12 @@ def main(argv: list[str] | None = None) -> int:
                 lines, summary = workload_tables(wl, runs, opts.repeats)
                 results["workloads"].append({"name": wl.name, "device": wl.device, "tests": wl.args, **summary,
                                              "runs": [r.__dict__ for r in runs]})
+                md += lines
+                print("\n".join(lines), flush=True)
+            if workloads and not opts.no_apart:
+                say("per-process costs measured apart ...")
+                results["apart"] = bench_apart(runner, work, opts.repeats)
+                lines = apart_lines(results["apart"])
                 md += lines
                 print("\n".join(lines), flush=True)
             if not opts.no_idle:
