@@ -257,7 +257,7 @@ def test_inductor_cache_dir_without_a_user_name(monkeypatch: pytest.MonkeyPatch)
     assert inductor_cache_dir({}).name == f"torchinductor_uid_{os.getuid()}"
 
 
-def test_triton_root_leaves_inductor_kernels_to_fx_entries(tmp_path: Path) -> None:
+def test_triton_root_carries_kernels_but_not_autotune_benchmark_candidates(tmp_path: Path) -> None:
     from pytest_megacache.files import FileRoot
 
     root = FileRoot("triton", tmp_path)
@@ -274,8 +274,11 @@ def test_triton_root_leaves_inductor_kernels_to_fx_entries(tmp_path: Path) -> No
     (candidate / "triton_mm.cubin").write_bytes(b"cubin")
     (candidate / "__grp__triton_mm.json").write_text("{}")
     entries, skipped = root.collect(set())
+    # Inductor's kernels travel too: one autotuned at run time has its final binary only here.
     assert sorted(e.name for e in entries) == ["AAAAUSERHASH/__grp__fused_bias_gelu.json",
-                                               "AAAAUSERHASH/fused_bias_gelu.cubin"]
+                                               "AAAAUSERHASH/fused_bias_gelu.cubin",
+                                               "BBBBINDUCTORHASH/__grp__triton_poi_fused_add_0.json",
+                                               "BBBBINDUCTORHASH/triton_poi_fused_add_0.cubin"]
     assert skipped == []
     # The inductor root keeps its own rules: a triton_* name there is an ordinary file.
     assert len(FileRoot("inductor", tmp_path).collect(set())[0]) == 6
