@@ -146,7 +146,9 @@ OPTIONS: tuple[Option, ...] = (
            "choice", "auto (default): one Inductor compile thread when the restored cache is expected to "
                      "cover the session, sparing its worker pool; keep: torch's default."),
     Option("precompile", "--megacache-precompile", "MEGACACHE_PRECOMPILE", "megacache_precompile", "bool",
-           "Experimental: turn on torch's caching precompile (Dynamo) and carry its artifacts. Off by default."),
+           "Experimental: turn on torch's caching precompile (Dynamo) and carry its artifacts; it broke training-step "
+           "tests on torch 2.11 and 2.13, and torch keys its entries by function name and line only "
+           "(docs/benchmarks.md). Off by default."),
     Option("children", "--megacache-children", "MEGACACHE_CHILDREN", "megacache_children", "bool",
            "Restore at session start, for tests whose child processes compile (torchrun, mp.spawn, subprocess) "
            "while pytest itself never imports torch (otherwise the restore starts when pytest imports torch). "
