@@ -7,6 +7,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -58,3 +59,16 @@ def tool_path(name: str) -> str:
     if not found:
         pytest.skip(f"{name} is not installed")
     return found
+
+
+def load_benchmark(filename: str) -> ModuleType:
+    """A script of benchmarks/ (not a package), imported by path under its own module name."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location(f"megacache_bench_{Path(filename).stem}", root / "benchmarks" / filename)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module

@@ -16,18 +16,15 @@ from types import ModuleType
 
 import pytest
 
+from .conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 N = 120
 
 
 @pytest.fixture(scope="module")
 def varied() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("megacache_bench_varied", ROOT / "benchmarks" / "varied.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("varied.py")
 
 
 def top_level(source: str) -> list[ast.stmt]:

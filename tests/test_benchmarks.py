@@ -3,24 +3,19 @@ on hand-made run records, so a wrong PASS cannot hide in the published tables. N
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from .conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("megacache_bench_run", ROOT / "benchmarks" / "run.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("run.py")
 
 
 def runs(bench: ModuleType, downloads: float) -> list:  # type: ignore[type-arg]

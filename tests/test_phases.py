@@ -5,7 +5,6 @@ and test_xdist.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import threading
@@ -31,6 +30,8 @@ from pytest_megacache.report import (
 )
 from pytest_megacache.stores import MemoryStore
 from pytest_megacache.torch_adapter import TorchAdapter
+
+from .conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,12 +151,7 @@ def test_restore_waits_add_up_and_a_settled_restore_costs_nothing(tmp_path: Path
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("megacache_bench_run_phases", ROOT / "benchmarks" / "run.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("run.py")
 
 
 def test_the_benchmark_reads_the_plugins_phases(bench: ModuleType) -> None:
