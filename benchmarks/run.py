@@ -514,6 +514,7 @@ def bench_apart(runner: Runner, work: Path, repeats: int) -> list[dict[str, Any]
                     say(f"apart: {name} failed: {proc.stderr.strip()[-300:]}")
             rows.append({"what": name + (f" ({label})" if label else ""), "seconds": seconds,
                          "median": statistics.median(seconds) if seconds else None})
+            say(f"  {rows[-1]['what']}: " + ", ".join(f"{x:.2f} s" for x in seconds))  # as it goes: a slow host
     return rows
 
 
