@@ -359,6 +359,10 @@ class Compiling(Role):
             sys.meta_path.insert(0, self._torch_hook)
         self.adapter.install()
         self.strict_wait()
+        if self.settings.precompile:
+            # torch looks a precompile entry up when torch.compile() wraps a function (at import, for a decorator),
+            # before any compile starts: with --megacache-precompile the restore is loaded before collection.
+            self._on_first_compile()
 
     def start_cache(self) -> None:
         with self.contained("starting the restore"), self._start_lock:
