@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from run import clean_env as shared_clean_env  # demo/local_s3.py's, as run.py uses it
 from run import plugin_args  # benchmarks/run.py, beside this script (its folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,10 +189,9 @@ class Run:
 
 
 def clean_env() -> dict[str, str]:
-    """The calling shell's environment minus settings that would change what is measured."""
-    drop = ("MEGACACHE_", "TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE", "TORCH_LOGS", "TORCH_CACHING_PRECOMPILE",
-            "PYTEST_ADDOPTS")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    """The calling shell's environment minus settings that would change what is measured: the demo's and
+    run.py's list, plus torch's logging and precompile switches."""
+    env = {k: v for k, v in shared_clean_env().items() if k not in ("TORCH_LOGS", "TORCH_CACHING_PRECOMPILE")}
     env["PYTHONUNBUFFERED"] = "1"
     if not _INSTALLED:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
