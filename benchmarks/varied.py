@@ -41,24 +41,24 @@ def _check(got: str, want: str, indent: int = 4) -> str:
     return " " * indent + _ASSERT.format(got, want)
 
 
+def _one_input(c: _Case, lines: list[str], shape: str) -> tuple[list[str], list[str]]:
+    """``def f_i(x):`` with these body lines, and a test on ``torch.randn(shape)``."""
+    defs = [f"def f_{c.i}(x):", *(f"    {line}" for line in lines)]
+    body = [f"    x = torch.randn({shape}, device=DEVICE)", _check(f"torch.compile(f_{c.i})(x)", f"f_{c.i}(x)")]
+    return defs, body
+
+
 def _pointwise(c: _Case) -> tuple[list[str], list[str]]:
     a, b = _UNARY[c.j % len(_UNARY)], _UNARY[(c.j + 2) % len(_UNARY)]
-    defs = [f"def f_{c.i}(x):",
-            f"    y = {a}(x * {c.k1}) + torch.cos(x) * {c.k2}",
-            f"    return {b}(y - {c.k3}) * torch.tanh(y)"]
-    body = [f"    x = torch.randn({64 + 8 * (c.j % 4)}, device=DEVICE)",
-            _check(f"torch.compile(f_{c.i})(x)", f"f_{c.i}(x)")]
-    return defs, body
+    return _one_input(c, [f"y = {a}(x * {c.k1}) + torch.cos(x) * {c.k2}",
+                          f"return {b}(y - {c.k3}) * torch.tanh(y)"], f"{64 + 8 * (c.j % 4)}")
 
 
 def _reduction(c: _Case) -> tuple[list[str], list[str]]:
     dim = c.j % 2
-    defs = [f"def f_{c.i}(x):",
-            f"    y = x * {c.k1}",
-            f"    return y.sum(dim={dim}) * {c.k2} + y.mean(dim={dim}) - y.amax(dim={dim}) * {c.k3}"]
-    body = [f"    x = torch.randn({6 + c.j % 3}, {16 + 4 * (c.j % 3)}, device=DEVICE)",
-            _check(f"torch.compile(f_{c.i})(x)", f"f_{c.i}(x)")]
-    return defs, body
+    return _one_input(c, [f"y = x * {c.k1}",
+                          f"return y.sum(dim={dim}) * {c.k2} + y.mean(dim={dim}) - y.amax(dim={dim}) * {c.k3}"],
+                      f"{6 + c.j % 3}, {16 + 4 * (c.j % 3)}")
 
 
 def _softmax_norm(c: _Case) -> tuple[list[str], list[str]]:
@@ -134,14 +134,10 @@ def _train_step(c: _Case) -> tuple[list[str], list[str]]:
 
 def _views(c: _Case) -> tuple[list[str], list[str]]:
     rows, cols = 4 + 2 * (c.j % 2), 6 + 2 * (c.j % 3)
-    defs = [f"def f_{c.i}(x):",
-            f"    y = (x * {c.k1}).reshape({cols}, {rows}).permute(1, 0)",
-            f"    z = torch.cat([y, y[:, :2] + {c.k2}], dim=1)",
-            f"    w = z[1:, ::2].unsqueeze(0).expand(2, -1, -1).transpose(1, 2).flatten(1) * {c.k3}",
-            "    return w, z[[0, -1]], x.view(-1)[::3]"]
-    body = [f"    x = torch.randn({rows}, {cols}, device=DEVICE)",
-            _check(f"torch.compile(f_{c.i})(x)", f"f_{c.i}(x)")]
-    return defs, body
+    return _one_input(c, [f"y = (x * {c.k1}).reshape({cols}, {rows}).permute(1, 0)",
+                          f"z = torch.cat([y, y[:, :2] + {c.k2}], dim=1)",
+                          f"w = z[1:, ::2].unsqueeze(0).expand(2, -1, -1).transpose(1, 2).flatten(1) * {c.k3}",
+                          "return w, z[[0, -1]], x.view(-1)[::3]"], f"{rows}, {cols}")
 
 
 def _graph_break(c: _Case) -> tuple[list[str], list[str]]:
@@ -217,12 +213,9 @@ def _broadcast(c: _Case) -> tuple[list[str], list[str]]:
 def _cumsum_where(c: _Case) -> tuple[list[str], list[str]]:
     dim = c.j % 2
     bound = repr(2 + c.i / 1009)
-    defs = [f"def f_{c.i}(x):",
-            f"    s = torch.cumsum(x * {c.k1}, dim={dim})",
-            f"    return torch.where(s > {c.k2}, s, s * {c.k3}).clamp(min=-{bound}, max={bound})"]
-    body = [f"    x = torch.randn({5 + c.j % 3}, {12 + 4 * (c.j % 2)}, device=DEVICE)",
-            _check(f"torch.compile(f_{c.i})(x)", f"f_{c.i}(x)")]
-    return defs, body
+    return _one_input(c, [f"s = torch.cumsum(x * {c.k1}, dim={dim})",
+                          f"return torch.where(s > {c.k2}, s, s * {c.k3}).clamp(min=-{bound}, max={bound})"],
+                      f"{5 + c.j % 3}, {12 + 4 * (c.j % 2)}")
 
 
 _GENERATORS: dict[str, _Gen] = {
