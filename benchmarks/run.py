@@ -56,6 +56,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # varied.py, also when this file i
 from local_s3 import LocalS3, clean_env  # the S3 server the demo and the tests use too  # noqa: E402
 from varied import make_varied_project  # benchmarks/varied.py, beside this script  # noqa: E402
 
+from pytest_megacache.report import PHASES  # noqa: E402 - the plugin's phases, from this checkout
+
 THREADS_FLAG = "--megacache-compile-threads"
 NAIVE_ZSTD_LEVEL = 3
 TAIL_CHARS = 4000
@@ -67,10 +69,8 @@ WARM_HOT_TARGET = 1.10
 COLD_PLAIN_TARGET = 1.05
 MOVED_RAW_TARGET = 0.15
 XDIST_WARM_TARGET = 1.0  # a warm -n N run against a warm serial one (session wall)
-# The plugin's per-process phases (pytest_megacache.report.PHASES; the same names, kept here so the benchmark
-# reads reports of older plugins too), and the one measured from outside.
-PHASES = ("startup", "collect", "imports", "restore_wait", "load", "dynamo", "backend", "backward", "compile_other",
-          "tests", "finish")
+# One color per phase of the plugin's per-process times (pytest_megacache.report.PHASES), and the exit, measured
+# from outside.
 PHASE_COLORS = {"startup": "#95a5a6", "collect": "#bdc3c7", "imports": "#7f8c8d", "restore_wait": "#e67e22",
                 "load": "#f39c12", "dynamo": "#8e44ad", "backend": "#c0392b", "backward": "#e74c3c",
                 "compile_other": "#d35400", "tests": "#27ae60", "finish": "#2980b9", "exit": "#34495e"}
@@ -832,9 +832,10 @@ def workload_tables(wl: Workload, runs: list[Run], repeats: int) -> tuple[list[s
         lines += ["", "FAILED runs:"]
         lines += [f"- {r.mode}, repeat {r.repeat + 1}: {r.error}" + (f" (log {r.log})" if r.log else "") for r in failures]
     lines.append("")
-    lines += phase_lines(wl, runs)
+    phases = phase_rows(runs)
+    lines += phase_lines(wl, runs, phases)
     return lines, {"medians": med, "ratios": ratios, "warm_cold_target": wc_bound,
-                   "phases": [{"mode": m, "process": p, **v} for m, p, v in phase_rows(runs)]}
+                   "phases": [{"mode": m, "process": p, **v} for m, p, v in phases]}
 
 
 def _phase_medians(rs: list[Run], process: str) -> dict[str, float] | None:
@@ -866,8 +867,8 @@ def phase_rows(runs: list[Run]) -> list[tuple[str, str, dict[str, float]]]:
     return out
 
 
-def phase_lines(wl: Workload, runs: list[Run]) -> list[str]:
-    rows = phase_rows(runs)
+def phase_lines(wl: Workload, runs: list[Run], rows: list[tuple[str, str, dict[str, float]]]) -> list[str]:
+    """The table of :func:`phase_rows` (``rows``), with each mode's session wall from ``runs``."""
     if not rows:
         return []
     cols = [*PHASES, "exit"]

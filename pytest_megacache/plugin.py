@@ -109,7 +109,7 @@ class Role:
     the report (built in one place, :meth:`build_report`), the header and the summary."""
 
     role = "solo"
-    process = "main"  # this process's name in the per-process times
+    process = "main"  # this process's name in the per-process times (a worker's row is named by its controller)
 
     def __init__(self, config: pytest.Config, ctx: Context) -> None:
         self.config, self.ctx, self.settings = config, ctx, ctx.settings
@@ -201,14 +201,18 @@ class Role:
     def finish(self) -> None:
         """The role's end of session (upload, hand over): a no-op unless the role has one."""
 
+    def _clock(self) -> tuple[float, float]:
+        """Now, and the seconds spent waiting for the restore so far."""
+        return time.perf_counter(), self.session.wait_seconds if self.session is not None else 0.0
+
     def tests_ended(self) -> None:
-        self._run_end = (time.perf_counter(), self.session.wait_seconds if self.session is not None else 0.0)
+        self._run_end = self._clock()
 
     def process_times(self) -> ProcessTimes:
         """Where this process's seconds went, from its start to now (see :class:`ProcessTimes`)."""
         now = time.perf_counter()
         collected = self._collected if self._collected is not None else self.started
-        run_end, waited = self._run_end or (now, self.session.wait_seconds if self.session is not None else 0.0)
+        run_end, waited = self._run_end or self._clock()
         t = ProcessTimes(process=self.process, startup=self.age_at_start, collect=collected - self.started,
                          finish=now - run_end, restore_wait=waited)
         adapter: TorchAdapter | None = getattr(self, "adapter", None)
@@ -441,7 +445,6 @@ class Worker(Compiling):
 
         self.workerinput: dict[str, Any] = getattr(config, "workerinput", {})
         self.worker_id = str(self.workerinput.get("workerid", ""))
-        self.process = self.worker_id or "worker"
         # Its own directories unless the user chose them (directories shared between processes can race).
         for var, base in (("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir()), ("TRITON_CACHE_DIR", triton_cache_dir())):
             if not os.environ.get(var):

@@ -140,7 +140,7 @@ class TorchAdapter:
         self._test: tuple[str, float, int, dict[str, int], int] | None = None
         # torch's own split of the compile seconds (its per-frame compilation metrics), summed as they come
         self.split = {"dynamo": 0.0, "backend": 0.0, "backward": 0.0}
-        self.import_spans: list[tuple[float, float]] = []  # torch._dynamo's import, when the hook saw it
+        self.import_spans: list[tuple[float, float]] = []  # torch's and torch._dynamo's imports, when a hook saw them
         self._last_metric: Any = None
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -241,11 +241,12 @@ class TorchAdapter:
         self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen_set()))
 
     def end_test(self) -> None:
-        self.absorb_metrics()
         if self._test is None:
             return
         nodeid, seconds, compiles, counters, seen = self._test
         self._test = None
+        if self.compiles != compiles:  # torch's ring of metrics holds 64 frames: read it after each test that compiled
+            self.absorb_metrics()
         if self.compiles == compiles and not self.first_compile_seen:
             return
         after = self.counters()

@@ -155,7 +155,8 @@ def bench() -> ModuleType:
 
 
 def test_the_benchmark_reads_the_plugins_phases(bench: ModuleType) -> None:
-    assert bench.PHASES == PHASES
+    assert bench.PHASES is PHASES  # the plugin's own tuple, not a copy that could drift
+    assert set(bench.PHASE_COLORS) == {*PHASES, "exit"}
 
 
 def test_the_benchmark_tables_medians_per_mode_and_process_and_the_exit(bench: ModuleType) -> None:
@@ -175,5 +176,5 @@ def test_the_benchmark_tables_medians_per_mode_and_process_and_the_exit(bench: M
                          ("warm-xdist", "gw1")}
     assert rows[("warm", "main")]["tests"] == 8.0 and rows[("warm", "main")]["exit"] == 2.5
     assert rows[("warm-xdist", "gw1")]["backend"] == 6.0 and "exit" not in rows[("warm-xdist", "gw1")]
-    text = "\n".join(bench.phase_lines(bench.Workload("wl", ROOT, [], ROOT, "cpu"), runs))
+    text = "\n".join(bench.phase_lines(bench.Workload("wl", ROOT, [], ROOT, "cpu"), runs, bench.phase_rows(runs)))
     assert "| warm | main | 0.50 | 0.00 |" in text and "| 11.00 | 11.00 |" in text  # sum of phases, then the wall
