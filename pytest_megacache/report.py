@@ -9,7 +9,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,11 +107,6 @@ class TorchStats:
 
 
 
-# The phases of one process, in the order they happen (see ProcessTimes); "exit" is measured from outside.
-PHASES = ("startup", "collect", "imports", "restore_wait", "load", "dynamo", "backend", "backward", "compile_other", "tests",
-          "finish")
-
-
 def process_age() -> float | None:
     """Seconds since this process started, from the kernel's record of its start (Linux); else None."""
     try:
@@ -171,6 +166,11 @@ class ProcessTimes:
         parts = [f"{name.replace('_', ' ')} {getattr(self, name):.2f}" for name in PHASES
                  if getattr(self, name) is not None and getattr(self, name) >= 0.005]
         return f"{self.process}: {self.total:.2f} s = " + ", ".join(parts)
+
+
+# The phases of one process, in the order they happen: ProcessTimes's fields between its name and its total
+# ("exit" comes after, measured from outside).
+PHASES = tuple(f.name for f in fields(ProcessTimes) if f.name not in ("process", "total"))
 
 
 @dataclass
