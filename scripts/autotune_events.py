@@ -2,6 +2,11 @@
 and AUTOTUNE_EVENTS=PATH set, log as JSON lines every Triton compile (kernel name, cache hit), every Inductor
 autotune-cache lookup (its key, found or not, whether the stored best config was usable) and every save, so a
 warm run's recompiled kernels can be traced to the artifact that was missing.
+
+Caution: the autotune-cache part changes what it measures. With it on (H100, torch 2.11, 2026-11-23), the
+max-autotune graph missed torch's FX-graph cache even hot with the plugin off: the hot lookup found no entry, so
+the wrapped hooks apparently kept torch from saving the graph. Never take cache hits or misses from a run with
+AUTOTUNE_EVENTS set; FX_EVENTS alone (the lookup log) and the example's own Triton listener left them unchanged.
 """
 
 from __future__ import annotations

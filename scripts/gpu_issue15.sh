@@ -3,6 +3,8 @@
 # autotune-cache lookups logged by scripts/autotune_events.py), cold -> warm x3 -> hot, on fresh directories
 # against one directory store; (B) Dynamo's caching precompile (--megacache-precompile) against the default,
 # cold then warm. Needs the wheels in .whl/ (boto3, zstandard). Writes under $OUT.
+# Part A's AUTOTUNE_EVENTS probe itself makes the max-autotune graph miss (scripts/autotune_events.py): read
+# its Triton and autotune events, not its FX hits and misses; scripts/gpu_fxprobe.sh measures those cleanly.
 set -u
 OUT=${OUT:-/tmp/gpu-issue15}
 ROOT=$PWD
