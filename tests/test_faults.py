@@ -137,6 +137,7 @@ def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iter
         c.run("503", mode="503", env={"SCALE": "2"})
         c.run("blackhole", mode="blackhole", env={"SCALE": "2"})
         c.run("strict-blackhole", "--megacache-strict", mode="blackhole", env={"SCALE": "2"})
+        c.run("precompile-blackhole", "--megacache-precompile", mode="blackhole", env={"SCALE": "2"})
         c.run("reset-put", mode="reset-put", env={"SCALE": "3"})
         c.run("trickle-put", mode="trickle-put", env={"SCALE": "4"})
         c.run("no-profile", env={"SCALE": "5", "AWS_PROFILE": "does-not-exist"})
@@ -193,6 +194,15 @@ def test_strict_mode_fails_within_the_same_budget(chain: Chain) -> None:
     assert run.rc == pytest.ExitCode.USAGE_ERROR, run.out[-3000:]
     assert "pytest-megacache (strict): restore: listing the store did not finish within the budget of the restore" in run.out
     assert run.wall < chain.bound(RESTORE_BUDGET, GRACE)
+
+
+def test_precompile_waits_for_the_restore_at_session_start_within_the_same_budget(chain: Chain) -> None:
+    """--megacache-precompile loads the restore before collection (torch looks its entries up when torch.compile()
+    wraps a function): against an endpoint that never answers, that wait costs the restore budget once."""
+    run = assert_contained(chain, "precompile-blackhole", RESTORE_BUDGET, GRACE,
+                           says="listing the store did not finish within the budget of the restore (4 s")
+    assert run.report is not None and run.report["settings"]["precompile"] is True
+    assert run.report["processes"][0]["restore_wait"] >= RESTORE_BUDGET - 1  # the wait is at session start
 
 
 def test_a_reset_mid_put_is_one_warning(chain: Chain) -> None:
