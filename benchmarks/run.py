@@ -61,6 +61,10 @@ from pytest_megacache.report import PHASES  # noqa: E402 - the plugin's phases, 
 THREADS_FLAG = "--megacache-compile-threads"
 NAIVE_ZSTD_LEVEL = 3
 TAIL_CHARS = 4000
+# The example project's conftest logs each Triton compile in its processes to this file when the variable is set
+# (a listener that only observes); other workloads ignore it.
+TRITON_EVENTS_ENV = "EXAMPLE_TRITON_EVENTS"
+TRITON_EVENTS_FILE = "triton-events.jsonl"
 
 # Targets: (ratio name, bound, comparison); the warm/cold bound depends on the device.
 WARM_COLD_TARGET = {"cuda": 0.05, "cpu": 0.2}
@@ -222,6 +226,10 @@ class Run:
     # and the session process's exit (interpreter shutdown, Inductor's pool): wall minus what its report covers
     processes: list[dict[str, Any]] = field(default_factory=list)
     exit_seconds: float | None = None
+    # Triton compiles in the pytest process, from the example project's listener (EXAMPLE_TRITON_EVENTS):
+    # kernels built (cache miss) and kernels Triton found in its cache; None where the workload has no listener
+    triton_built: int | None = None
+    triton_hits: int | None = None
 
 
 class Runner:
@@ -234,7 +242,7 @@ class Runner:
 
     def pytest(self, cwd: Path, args: list[str], dirs: Dirs, log: Path) -> tuple[int, float, str]:
         env = {**self.env, "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor), "TRITON_CACHE_DIR": str(dirs.triton),
-               "TMPDIR": str(dirs.tmp)}
+               "TMPDIR": str(dirs.tmp), TRITON_EVENTS_ENV: str(log.parent / TRITON_EVENTS_FILE)}
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as fh:
@@ -268,6 +276,7 @@ class Runner:
         args += list(extra)
         rc, wall, text = self.pytest(wl.cwd, args, dirs, root / "pytest.log")
         r = Run(wl.name, mode, repeat, returncode=rc, wall=wall, log=str(root / "pytest.log"))
+        r.triton_built, r.triton_hits = triton_events(root / TRITON_EVENTS_FILE)
         doc = _load_json(report)
         if doc is not None:
             _fill_from_report(r, doc)
@@ -440,7 +449,8 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
         runs.append(r)
         if r.ok:
             say(f"  {r.mode}: wall {r.wall:.1f} s, compile {r.compile_seconds:.2f} s, FX {r.fx_hit}/{r.fx_miss} "
-                f"hit/miss, AOT {r.aot_hit}/{r.aot_miss}, moved {human_bytes(r.bytes_moved)}")
+                f"hit/miss, AOT {r.aot_hit}/{r.aot_miss}, moved {human_bytes(r.bytes_moved)}"
+                + (f", Triton built {r.triton_built} / cached {r.triton_hits}" if r.triton_built is not None else ""))
         return r
 
     for rep in range(repeats):
@@ -738,12 +748,23 @@ def _cell(runs: list[Run], attr: str, kind: str) -> str:
     return med if len(vals) == 1 or min(vals) == max(vals) else f"{med} [{fmt(min(vals))}-{fmt(max(vals))}]"
 
 
+def triton_events(path: Path) -> tuple[int | None, int | None]:
+    """(kernels Triton built, kernels it found cached) from the example project's listener log (one JSON object
+    a line, appended by each process that compiled); (None, None) where no process wrote one."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None, None
+    hits = [bool(json.loads(line).get("cache_hit")) for line in lines if line.strip()]
+    return hits.count(False), hits.count(True)
+
+
 def _hits(runs: list[Run], hit: str, miss: str) -> str:
     ok = [r for r in runs if r.ok]
     if not ok:
         return "n/a"
-    pairs = sorted({f"{getattr(r, hit)}/{getattr(r, miss)}" for r in ok})
-    return ", ".join(pairs)
+    pairs = sorted({f"{getattr(r, hit)}/{getattr(r, miss)}" for r in ok if getattr(r, hit) is not None})
+    return ", ".join(pairs) or "-"
 
 
 def _check(value: float | None, bound: float, strict_less: bool = False) -> str:
@@ -758,9 +779,9 @@ def workload_tables(wl: Workload, runs: list[Run], repeats: int) -> tuple[list[s
     for r in runs:
         by_mode.setdefault(r.mode, []).append(r)
     lines = [f"### {wl.name} ({wl.device}; median [min-max] of {repeats})", "",
-             "| mode | runs ok | session wall s | compile s | FX hit/miss | AOT hit/miss | bytes stored (zst / raw) "
-             "| bytes moved | restore s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| mode | runs ok | session wall s | compile s | FX hit/miss | AOT hit/miss | Triton built/cached "
+             "| bytes stored (zst / raw) | bytes moved | restore s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mode, rs in by_mode.items():
         ok = sum(r.ok for r in rs)
         stored = (f"{_cell(rs, 'upload_bytes', 'b')} / {_cell(rs, 'upload_raw_bytes', 'b')}"
@@ -768,7 +789,8 @@ def workload_tables(wl: Workload, runs: list[Run], repeats: int) -> tuple[list[s
         moved = _cell(rs, "bytes_moved", "b") if mode in ("naive",) or mode.startswith("warm") else ""
         restore = _cell(rs, "restore_seconds", "s") if mode == "naive" or mode.startswith("warm") else ""
         lines.append(f"| {mode} | {ok}/{len(rs)} | {_cell(rs, 'wall', 's')} | {_cell(rs, 'compile_seconds', 's')} "
-                     f"| {_hits(rs, 'fx_hit', 'fx_miss')} | {_hits(rs, 'aot_hit', 'aot_miss')} | {stored} | {moved} "
+                     f"| {_hits(rs, 'fx_hit', 'fx_miss')} | {_hits(rs, 'aot_hit', 'aot_miss')} "
+                     f"| {_hits(rs, 'triton_built', 'triton_hits')} | {stored} | {moved} "
                      f"| {restore} |")
     naive = [r for r in by_mode.get("naive", []) if r.ok]
     if naive:

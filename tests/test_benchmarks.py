@@ -68,3 +68,22 @@ def test_synthetic_functions_are_distinct_graphs(bench: ModuleType) -> None:
     assert len(tests) == 12
     bodies = [source.split(f"def f_{i}(x):")[1].split("def test_")[0] for i in range(12)]
     assert len(set(bodies)) == 12  # each function has its own graph (its own FX key and kernel)
+
+
+def test_triton_builds_are_counted_from_the_listener_log(bench: ModuleType, tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    assert bench.triton_events(log) == (None, None)  # no process wrote one: the workload has no listener
+    log.write_text('{"name": "k1", "cache_hit": false}\n{"name": "k2", "cache_hit": true}\n\n'
+                   '{"name": "k1", "cache_hit": false}\n')
+    assert bench.triton_events(log) == (2, 1)
+    wl = bench.Workload("wl", ROOT, [], ROOT / "pyproject.toml", "cuda")
+    rs = runs(bench, 1.0)
+    for r in rs:
+        if r.mode == "warm":
+            r.triton_built, r.triton_hits = (2, 1) if r.repeat == 0 else (0, 3)
+    text = "\n".join(bench.workload_tables(wl, rs, 3)[0])
+    assert "| FX hit/miss | AOT hit/miss | Triton built/cached |" in text
+    warm = next(line for line in text.splitlines() if line.startswith("| warm |"))
+    assert "| 0/3, 2/1 |" in warm
+    cold = next(line for line in text.splitlines() if line.startswith("| cold |"))
+    assert "| 1/0 | 1/0 | - |" in cold
