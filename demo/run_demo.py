@@ -218,9 +218,9 @@ def table(cold: RunResult, warm: RunResult) -> list[str]:
     # AOTAutograd's cache on every run: torch never saves them. This row shows how many it did save.
     row("AOTAutograd entries saved by torch (torch counters)", "",
         lambda r: _get(r.counters, "aot_autograd", "autograd_cache_saved") or 0 if r.counters else None)
-    row("child processes (2 DDP ranks): FX graph hits / misses", "", lambda r: None if not r.children else
+    row("child processes (DDP ranks): FX graph hits / misses", "", lambda r: None if not r.children else
         f"{_get(r.children, 'inductor', 'fxgraph_cache_hit') or 0} / {_get(r.children, 'inductor', 'fxgraph_cache_miss') or 0}")
-    row("child processes (2 DDP ranks): AOTAutograd hits / misses", "", lambda r: None if not r.children else
+    row("child processes (DDP ranks): AOTAutograd hits / misses", "", lambda r: None if not r.children else
         f"{_get(r.children, 'aot_autograd', 'autograd_cache_hit') or 0} / "
         f"{_get(r.children, 'aot_autograd', 'autograd_cache_miss') or 0}")
     row("child processes in the plugin's report: FX hits / misses", "", lambda r: _report_children(r, "fxgraph_cache"))
