@@ -164,6 +164,12 @@ def make_example(device: str) -> Workload:
     return Workload("example", EXAMPLE, ["tests", "-m", marker], EXAMPLE / "pyproject.toml", device)
 
 
+def make_mixed(device: str) -> Workload:
+    """The example project's CPU and GPU tests in one session (on ``cuda``; on ``cpu`` the GPU tests skip), without
+    the 2-rank distributed test, whose wall is process start-up: a suite that compiles for both devices."""
+    return Workload("mixed", EXAMPLE, ["tests", "-k", "not distributed"], EXAMPLE / "pyproject.toml", device)
+
+
 # --- running pytest --------------------------------------------------------------------------------
 def plugin_args() -> tuple[list[str], list[str], bool]:
     """(args loading the plugin, args removing it, installed?): the entry point, else ``-p`` from this checkout."""
@@ -1013,7 +1019,7 @@ def plot_phases(plt: Any, path: Path, results: dict[str, Any], env: dict[str, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--workload", nargs="+", choices=("example", "synthetic", "varied"),
+    parser.add_argument("--workload", nargs="+", choices=("example", "mixed", "synthetic", "varied"),
                         default=["example", "synthetic"])
     parser.add_argument("--n", nargs="+", type=int, default=[10, 50], help="synthetic workload sizes (default: 10 50)")
     parser.add_argument("--varied-n", nargs="+", type=int, default=[130],
@@ -1066,6 +1072,8 @@ def main(argv: list[str] | None = None) -> int:
             if not opts.idle_only:
                 if "example" in opts.workload:
                     workloads.append(make_example(opts.device))
+                if "mixed" in opts.workload:
+                    workloads.append(make_mixed(opts.device))
                 if "synthetic" in opts.workload:
                     workloads += [make_synthetic(work / "projects", n, opts.device) for n in opts.n]
                 if "varied" in opts.workload:

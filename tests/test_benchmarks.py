@@ -87,3 +87,17 @@ def test_triton_builds_are_counted_from_the_listener_log(bench: ModuleType, tmp_
     assert "| 0/3, 2/1 |" in warm
     cold = next(line for line in text.splitlines() if line.startswith("| cold |"))
     assert "| 1/0 | 1/0 | - |" in cold
+
+
+def test_the_mixed_workload_selects_cpu_and_gpu_tests_but_not_the_distributed_one(bench: ModuleType) -> None:
+    import subprocess
+    import sys
+
+    wl = bench.make_mixed("cuda")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:megacache", *wl.args], cwd=wl.cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    files = {i.split("::")[0] for i in ids}
+    assert {"tests/test_model_cpu.py", "tests/test_model_gpu.py"} <= files
+    assert not [i for i in ids if "distributed" in i]
