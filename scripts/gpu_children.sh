@@ -6,13 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/gpu-children}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-# The plugin runs from this checkout (PYTHONPATH), not installed: put its .pth where pip would (a site directory),
-# so that child interpreters report their own counters (pytest_megacache/childhook.py).
-sitedir=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-cp pytest_megacache_children.pth "$sitedir/" && echo "installed $sitedir/pytest_megacache_children.pth"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+. scripts/gpu_env.sh  # wheels, PYTHONPATH, the child-process .pth
 T=$(mktemp -d)
 P=$T/project
 mkdir -p "$P"

@@ -6,10 +6,8 @@
 # is logged (FX_EVENTS). Plugin "keep": on, with torch's compile-worker pool kept. Writes under $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-fxprobe}
-ROOT=$PWD
-mkdir -p "$OUT" /tmp/site
-python3 -m pip install -q --no-index --find-links .whl --target /tmp/site boto3 zstandard 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$ROOT:$ROOT/scripts
+mkdir -p "$OUT"
+. scripts/gpu_env.sh  # wheels, PYTHONPATH (with scripts/), the child-process .pth
 T=$(mktemp -d)
 python3 - > "$OUT/lookup_source.txt" 2>&1 <<'PY'
 import inspect, torch._inductor.codecache as cc

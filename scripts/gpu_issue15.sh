@@ -7,11 +7,8 @@
 # its Triton and autotune events, not its FX hits and misses; scripts/gpu_fxprobe.sh measures those cleanly.
 set -u
 OUT=${OUT:-/tmp/gpu-issue15}
-ROOT=$PWD
-mkdir -p "$OUT" /tmp/site
-python3 -m pip install -q --no-index --find-links .whl --target /tmp/site boto3 zstandard 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$ROOT:$ROOT/scripts
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+mkdir -p "$OUT"
+. scripts/gpu_env.sh  # wheels, PYTHONPATH (with scripts/), the child-process .pth
 T=$(mktemp -d)
 
 report() {  # one line from the plugin's JSON report

@@ -3,10 +3,8 @@
 # travel in .whl/ (pip download --python-version 3.12 --only-binary=:all: ...). Writes under $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-proof}
-mkdir -p "$OUT" /tmp/site
-python -m pip install -q --no-index --find-links .whl --target /tmp/site "moto[server]" boto3 zstandard 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+mkdir -p "$OUT"
+. scripts/gpu_env.sh  # wheels, PYTHONPATH, the child-process .pth
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 [ "${SKIP_KERNEL:-0}" = 1 ] || {

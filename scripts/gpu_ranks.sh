@@ -8,14 +8,8 @@
 set -u
 OUT=${OUT:-/tmp/gpu-ranks}
 mkdir -p "$OUT"
-[ -d .whl ] && [ "${NO_WHEELS:-0}" != 1 ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-# The plugin runs from this checkout: put the package's .pth where pip would, so the ranks report their counters.
-sitedir=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-cp pytest_megacache_children.pth "$sitedir/" 2>/dev/null || echo "could not install the .pth into $sitedir"
+. scripts/gpu_env.sh  # wheels, PYTHONPATH, the child-process .pth (the ranks report their counters)
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
-python3 -c "import torch; print('torch', torch.__version__, 'GPUs', torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
-python3 -c "import triton; print('triton', triton.__version__)" 2>/dev/null
 echo "NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE-unset} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST-unset}"
 T=$(mktemp -d)
 

@@ -6,6 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/xdist-probe}; K=${K:-4}; MARK=${MARK:-gpu}
 mkdir -p "$OUT"; T=$(mktemp -d)
+. scripts/gpu_env.sh  # wheels, PYTHONPATH, the child-process .pth
 one() {
   local d=$T/$1; mkdir -p "$d/i" "$d/t" "$d/tmp"
   local workers="-n 2"; { [ "${1#serial}" != "$1" ] || [ "${XDIST:-1}" = 0 ]; } && workers=""
