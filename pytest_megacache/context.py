@@ -98,6 +98,10 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
         why_not = TorchAdapter.enable_precompile()
         if why_not:
             ctx.problems.append(f"--megacache-precompile ignored: {why_not}")
+    if settings.eager_backward:
+        why_not = TorchAdapter.enable_eager_backward()
+        if why_not:
+            ctx.problems.append(f"--megacache-eager-backward ignored: {why_not}")
     return ctx
 
 

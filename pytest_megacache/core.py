@@ -495,10 +495,14 @@ class CacheSession:
             note += ": new or changed code, or other tests than the runs that stored them"
         self.notes.append(note)
 
-    def check_unstorable(self) -> None:
-        """AOTAutograd graphs compiled but never stored (a note): torch saves an entry only once the graph's
-        backward is compiled, so a forward whose inputs require grad, in tests that never call ``.backward()``,
-        misses in every run. Counted from torch's own counters (misses minus entries saved)."""
+    def check_unstorable(self, eager_backward: bool = False) -> None:
+        """AOTAutograd graphs compiled but never stored (a note), counted from torch's own counters (misses minus
+        entries saved). torch stores an AOTAutograd entry only once the graph's backward is compiled, which is
+        lazy (a forward whose inputs require grad, in tests that never call ``.backward()``, is never stored
+        unless ``eager_backward``: ``--megacache-eager-backward``), and only when Inductor compiled every part
+        through its FX-graph cache (``_should_save_cache``: a part with nothing for Inductor to compile, or one
+        that bypassed the FX cache, has no key). The counters cannot tell the two apart, so the note names both,
+        or only the second when backwards are compiled eagerly."""
         t = self.torch_stats
         unsaved = t.counters.get("autograd_cache_miss", 0) - t.counters.get("autograd_cache_saved", 0)
         if "autograd_cache_saved" not in t.counters or unsaved <= 0:
@@ -506,9 +510,14 @@ class CacheSession:
         tests = [nodeid for nodeid, rec in t.per_test.items()
                  if rec["counters"].get("autograd_cache_miss", 0) > rec["counters"].get("autograd_cache_saved", 0)]
         named = f" (in {', '.join(tests[:3])}{f' and {len(tests) - 3} more' if len(tests) > 3 else ''})" if tests else ""
-        self.notes.append(f"{unsaved} AOTAutograd graph(s) compiled but not storable{named}: their backward never ran, "
-                          "and torch stores an entry only once it has; run inference-only tests under "
-                          "torch.no_grad() (or torch.inference_mode()) so that they compile a storable graph")
+        no_key = ("a part that Inductor did not compile through its FX-graph cache (nothing for it to compile, or "
+                  "a cache bypass) has no key")
+        why = (f"with backwards compiled eagerly, the reason left is that {no_key}" if eager_backward else
+               "torch stores an entry only once its backward is compiled (a forward whose inputs require grad in a "
+               "test that never calls backward(): run inference-only tests under torch.no_grad() or "
+               f"torch.inference_mode(), or opt in to --megacache-eager-backward), and never when {no_key}")
+        self.notes.append(f"{unsaved} AOTAutograd graph(s) compiled but not stored{named}, so they miss in every run: "
+                          + why)
 
     def merge_worker_profiles(self, copies: Mapping[tuple[str, str], Sequence[Entry]], timeout: float,
                               merge: Callable[[bytes | None, Sequence[bytes], float], bytes | None] | None = None,

@@ -425,7 +425,7 @@ class Solo(Compiling):
         if cs is not None:
             cs.finish(self.adapter)
             cs.check_unused(self.selection)
-            cs.check_unstorable()
+            cs.check_unstorable(self.settings.eager_backward)
             cs.wait_diagnosis()
             self.notes.extend(cs.notes)
         self.read_children()
@@ -555,7 +555,7 @@ class Controller(Role):
             cs.problem(problem)
         cs.finish(None, workers=takeover.torch, worker_entries=takeover.entries, worker_profiles=takeover.profiles)
         cs.check_unused(self.selection)
-        cs.check_unstorable()
+        cs.check_unstorable(self.settings.eager_backward)
         cs.wait_diagnosis()
         self.notes.extend(cs.notes)
         self.read_children()

@@ -43,6 +43,7 @@ class Settings:
     durations: int = 0
     compile_threads: str = "auto"
     precompile: bool = False
+    eager_backward: bool = False
     children: bool = False
     explicit: frozenset[str] = frozenset()  # options set by the user (any source), not defaulted
     # From MEGACACHE_SIGNING_KEY (not an option): the keys, the first one signing, () when empty or unset; or
@@ -149,6 +150,12 @@ OPTIONS: tuple[Option, ...] = (
            "Experimental: turn on torch's caching precompile (Dynamo) and carry its artifacts; it broke training-step "
            "tests on torch 2.11 and 2.13, and torch keys its entries by function name and line only "
            "(docs/benchmarks.md). Off by default."),
+    Option("eager_backward", "--megacache-eager-backward", "MEGACACHE_EAGER_BACKWARD", "megacache_eager_backward",
+           "bool", "Opt-in: compile each AOTAutograd backward together with its forward (torch's functorch "
+                   "force_non_lazy_backward_lowering), so that a graph whose inputs require grad is stored even when "
+                   "its test never calls backward(), and hits warm. Changes what torch compiles: more cold compile "
+                   "time, other AOTAutograd keys, and a backward that fails to compile fails its test. Applies to pytest's "
+                   "own processes (xdist workers included), not to child processes. Off by default."),
     Option("children", "--megacache-children", "MEGACACHE_CHILDREN", "megacache_children", "bool",
            "Restore at session start, for tests whose child processes compile (torchrun, mp.spawn, subprocess) "
            "while pytest itself never imports torch (otherwise the restore starts when pytest imports torch). "

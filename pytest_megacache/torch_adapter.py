@@ -306,6 +306,19 @@ class TorchAdapter:
         dynamo_config.caching_precompile = True
         return None
 
+    @staticmethod
+    def enable_eager_backward() -> str | None:
+        """Compile AOTAutograd backwards with their forwards (the opt-in that makes forward-only graphs storable:
+        torch saves an AOTAutograd entry only once its backward is compiled); None when done, else why not."""
+        try:
+            import torch._functorch.config as functorch_config
+        except Exception as exc:  # noqa: BLE001
+            return f"torch._functorch.config did not import: {exc}"
+        if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+            return "this torch has no force_non_lazy_backward_lowering"
+        functorch_config.force_non_lazy_backward_lowering = True
+        return None
+
     # --- torch's cache API -----------------------------------------------------------------------
     @staticmethod
     def load(container: bytes) -> LoadResult:

@@ -424,22 +424,35 @@ class ForwardOnly(FakeTorch):
 
 @pytest.mark.parametrize(("per_test", "note"), [
     ({"t.py::test_train": (1, 1)}, None),
-    ({"t.py::test_train": (1, 1), "t.py::test_infer": (2, 0)}, "2 AOTAutograd graph(s) compiled but not storable "
+    ({"t.py::test_train": (1, 1), "t.py::test_infer": (2, 0)}, "2 AOTAutograd graph(s) compiled but not stored "
                                                                "(in t.py::test_infer)"),
-    ({f"t.py::test_{i}": (1, 0) for i in range(5)}, "5 AOTAutograd graph(s) compiled but not storable "
+    ({f"t.py::test_{i}": (1, 0) for i in range(5)}, "5 AOTAutograd graph(s) compiled but not stored "
                                                    "(in t.py::test_0, t.py::test_1, t.py::test_2 and 2 more)"),
 ])
-def test_graphs_whose_backward_never_ran_are_named_as_not_storable(
+def test_graphs_torch_did_not_store_are_named_with_both_causes(
         tmp_path: Path, per_test: dict[str, tuple[int, int]], note: str | None) -> None:
     s = session(MemoryStore(), tmp_path, "a")
     s.start_restore(background=False)
     s.finish(ForwardOnly([KEY_A], per_test))  # type: ignore[arg-type]
     s.check_unstorable()
-    unstorable = [n for n in s.notes if "not storable" in n]
+    unstorable = [n for n in s.notes if "not stored" in n]
     if note is None:
         assert unstorable == []
     else:
-        assert len(unstorable) == 1 and unstorable[0].startswith(note) and "torch.no_grad()" in unstorable[0]
+        # both causes named: the lazy backward (with its remedies) and a part without an FX-graph key
+        assert len(unstorable) == 1 and unstorable[0].startswith(note), unstorable
+        assert "torch.no_grad()" in unstorable[0] and "--megacache-eager-backward" in unstorable[0]
+        assert "FX-graph cache" in unstorable[0]
+
+
+def test_with_eager_backwards_the_note_names_only_the_reason_left(tmp_path: Path) -> None:
+    s = session(MemoryStore(), tmp_path, "a")
+    s.start_restore(background=False)
+    s.finish(ForwardOnly([KEY_A], {"t.py::test_dyn": (1, 0)}))  # type: ignore[arg-type]
+    s.check_unstorable(eager_backward=True)
+    (note,) = [n for n in s.notes if "not stored" in n]
+    assert note.startswith("1 AOTAutograd graph(s) compiled but not stored (in t.py::test_dyn)")
+    assert "FX-graph cache" in note and "no_grad" not in note and "--megacache-eager-backward" not in note
 
 
 def test_counters_without_a_saved_count_say_nothing_about_storability(tmp_path: Path) -> None:
@@ -447,4 +460,4 @@ def test_counters_without_a_saved_count_say_nothing_about_storability(tmp_path: 
     s, _ = run(MemoryStore(), tmp_path, "a", [KEY_A])
     s.torch_stats.counters["autograd_cache_miss"] = 3
     s.check_unstorable()
-    assert not [n for n in s.notes if "not storable" in n]
+    assert not [n for n in s.notes if "not stored" in n]

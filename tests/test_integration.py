@@ -323,3 +323,36 @@ def test_precompile_entries_are_loaded_before_torch_looks_them_up(pytester: pyte
     assert warm.report is not None
     counters = warm.report["torch"]["counters"]
     assert (counters["dynamo_cache_hit"], counters["dynamo_cache_miss"]) == (2, 0), counters
+
+
+FORWARD_ONLY = textwrap.dedent("""
+    import torch
+
+    def f(x, w):
+        return torch.sin(x @ w).sum()
+
+    def test_forward_only_with_a_weight_that_requires_grad():
+        x, w = torch.randn(8, 8), torch.randn(8, 8, requires_grad=True)
+        assert torch.allclose(torch.compile(f)(x, w), f(x, w))
+    """)
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["default", "eager-backward"])
+def test_eager_backward_makes_a_forward_only_graph_storable(pytester: pytest.Pytester, eager: bool) -> None:
+    """torch stores an AOTAutograd entry only once its backward is compiled, which is lazy: a forward whose weight
+    requires grad, in a test that never calls backward(), misses in every run by default, and the note says so.
+    --megacache-eager-backward compiles the backward with the forward, so the entry is stored and hits warm."""
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(pytester.path / "store")}, tests=FORWARD_ONLY)
+    args = ("--megacache-eager-backward",) if eager else ()
+    cold = project.run(*args)
+    cold.result.assert_outcomes(passed=1)
+    warm = project.run(*args)
+    warm.result.assert_outcomes(passed=1)
+    assert warm.report is not None
+    c = warm.report["torch"]["counters"]
+    assert (c["autograd_cache_hit"], c["autograd_cache_miss"]) == ((1, 0) if eager else (0, 1)), c
+    unstored = [n for n in warm.report["notes"] if "not stored" in n]
+    if eager:
+        assert warm.report["settings"]["eager_backward"] is True and unstored == []
+    else:
+        assert len(unstored) == 1 and "--megacache-eager-backward" in unstored[0], warm.report["notes"]
