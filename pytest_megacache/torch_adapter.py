@@ -9,6 +9,7 @@ the bundle) before torch looks anything up in its caches. ``torch._dynamo.reset(
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -295,29 +296,27 @@ class TorchAdapter:
         return True
 
     @staticmethod
+    def _switch_on(module: str, flag: str) -> str | None:
+        """Set the torch config flag ``module.flag`` to True; None when done, else why not."""
+        try:
+            config = importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001
+            return f"{module} did not import: {exc}"
+        if not hasattr(config, flag):
+            return f"this torch has no {flag}"
+        setattr(config, flag, True)
+        return None
+
+    @staticmethod
     def enable_precompile() -> str | None:
         """Turn on torch's experimental caching precompile; None when done, else why not."""
-        try:
-            import torch._dynamo.config as dynamo_config
-        except Exception as exc:  # noqa: BLE001
-            return f"torch._dynamo.config did not import: {exc}"
-        if not hasattr(dynamo_config, "caching_precompile"):
-            return "this torch has no caching_precompile"
-        dynamo_config.caching_precompile = True
-        return None
+        return TorchAdapter._switch_on("torch._dynamo.config", "caching_precompile")
 
     @staticmethod
     def enable_eager_backward() -> str | None:
         """Compile AOTAutograd backwards with their forwards (the opt-in that makes forward-only graphs storable:
         torch saves an AOTAutograd entry only once its backward is compiled); None when done, else why not."""
-        try:
-            import torch._functorch.config as functorch_config
-        except Exception as exc:  # noqa: BLE001
-            return f"torch._functorch.config did not import: {exc}"
-        if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
-            return "this torch has no force_non_lazy_backward_lowering"
-        functorch_config.force_non_lazy_backward_lowering = True
-        return None
+        return TorchAdapter._switch_on("torch._functorch.config", "force_non_lazy_backward_lowering")
 
     # --- torch's cache API -----------------------------------------------------------------------
     @staticmethod

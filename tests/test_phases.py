@@ -178,3 +178,16 @@ def test_the_benchmark_tables_medians_per_mode_and_process_and_the_exit(bench: M
     assert rows[("warm-xdist", "gw1")]["backend"] == 6.0 and "exit" not in rows[("warm-xdist", "gw1")]
     text = "\n".join(bench.phase_lines(bench.Workload("wl", ROOT, [], ROOT, "cpu"), runs, bench.phase_rows(runs)))
     assert "| warm | main | 0.50 | 0.00 |" in text and "| 11.00 | 11.00 |" in text  # sum of phases, then the wall
+
+
+def test_a_torch_config_flag_is_switched_on_or_the_reason_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The opt-ins (--megacache-precompile, --megacache-eager-backward) set one torch config flag each, and say why
+    not where the module or the flag is missing (an older torch), instead of raising."""
+    config = types.ModuleType("fake_torch_config")
+    config.present = False  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_torch_config", config)
+    assert TorchAdapter._switch_on("fake_torch_config", "present") is None
+    assert config.present is True  # type: ignore[attr-defined]
+    assert TorchAdapter._switch_on("fake_torch_config", "absent") == "this torch has no absent"
+    why = TorchAdapter._switch_on("no_such_torch_config_module", "present")
+    assert why is not None and why.startswith("no_such_torch_config_module did not import")
