@@ -94,14 +94,12 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
     ctx.scope = settings.scope or scope or ctx.default_scope
     if not ctx.signing_keys and settings.reads:
         ctx.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
-    if settings.precompile:
-        why_not = TorchAdapter.enable_precompile()
-        if why_not:
-            ctx.problems.append(f"--megacache-precompile ignored: {why_not}")
-    if settings.eager_backward:
-        why_not = TorchAdapter.enable_eager_backward()
-        if why_not:
-            ctx.problems.append(f"--megacache-eager-backward ignored: {why_not}")
+    # The opt-ins that set a torch config flag (each imports torch, so only when asked for).
+    for wanted, option, switch_on in ((settings.precompile, "--megacache-precompile", TorchAdapter.enable_precompile),
+                                      (settings.eager_backward, "--megacache-eager-backward",
+                                       TorchAdapter.enable_eager_backward)):
+        if wanted and (why_not := switch_on()):
+            ctx.problems.append(f"{option} ignored: {why_not}")
     return ctx
 
 
