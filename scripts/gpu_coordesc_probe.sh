@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Why does a warm (or hot) run tune a max-autotune kernel again although its autotune entry is restored?
+# The example's max-autotune test, cold into a directory store, then hot (the cold run's own directories, no
+# plugin), then warm (fresh directories restored by the plugin). Each run logs Inductor's run-time tuning at DEBUG
+# ("Save heuristic|coordesc tuning result", "COORDESC:" benchmarks) and the Triton kernels it built; after each
+# run every .best_config file is listed with a digest of its content, so a run that wrote an entry again, or a
+# new one beside it, shows up in the diff against the cold run's. Writes under $OUT.
+set -u
+OUT=${OUT:-/tmp/coordesc-probe}
+mkdir -p "$OUT"; T=$(mktemp -d)
+. scripts/gpu_env.sh  # wheels, PYTHONPATH, the child-process .pth
+# The plugin from this checkout (-p), or its entry point where it is installed (then "no:" turns it off for hot).
+read -r ON OFF < <(python -c "import importlib.metadata as m
+i = any(e.name == 'megacache' for e in m.entry_points(group='pytest11'))
+print('-pno:nothing -pno:megacache' if i else '-ppytest_megacache.plugin -pno:nothing')")
+export TORCH_LOGS="+torch._inductor.runtime.triton_heuristics,+torch._inductor.runtime.autotune_cache"
+one() {  # name, dirs, plugin args...
+  local name=$1 d=$T/$2; shift 2
+  mkdir -p "$d/i" "$d/t" "$d/tmp"
+  (cd example_project && TORCHINDUCTOR_CACHE_DIR=$d/i TRITON_CACHE_DIR=$d/t TMPDIR=$d/tmp \
+     EXAMPLE_TRITON_EVENTS="$OUT/$name-triton.jsonl" \
+     python -m pytest -q -p no:cacheprovider -m gpu -k autotune "$@" > "$OUT/$name.log" 2>&1)
+  echo "== $name rc=$? ($(grep -c 'COORDESC:' "$OUT/$name.log") COORDESC benchmarks;" \
+       "$(grep -c 'tuning result to' "$OUT/$name.log") saves)"
+  grep -o 'Save [a-z]* tuning result to .*' "$OUT/$name.log" | sed 's/^/   /' | sort | uniq -c
+  (cd "$d/i" && find . -name '*.best_config' -exec sh -c 'printf "%s %s %s\n" "$(sha1sum < "$1" | cut -c1-10)" "$1" "$(cat "$1")"' _ {} \; | sort -k2) > "$OUT/$name-best.txt"
+  echo "   $(wc -l < "$OUT/$name-best.txt") .best_config files"
+  python - "$OUT/$name-triton.jsonl" <<'PY'
+import collections, json, sys
+try:
+    events = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+except OSError:
+    events = []
+built = collections.Counter(e["name"] for e in events if not e["cache_hit"])
+print(f"   Triton: {len(events) - sum(built.values())} cached, {sum(built.values())} built: {dict(built)}")
+PY
+}
+one cold cold $ON --megacache-dir="$T/store"
+one hot cold $OFF
+one warm warm $ON --megacache-dir="$T/store" --megacache-mode=read
+echo "== .best_config entries that differ from the cold run's (< cold, > the later run):"
+for r in hot warm; do echo "-- $r"; diff "$OUT/cold-best.txt" "$OUT/$r-best.txt" | grep '^[<>]' | cut -c1-400; done
