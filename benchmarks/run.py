@@ -25,7 +25,8 @@ Also measured: the idle cost (a one-test session that compiles nothing, with the
 ``-p no:megacache``) and the restore time of the same entries stored as 1 object vs 8 objects.
 
 Writes ``DIR/results.json`` (every raw record) and ``DIR/results.md`` (the tables); ``--plot`` adds
-``DIR/compile_seconds.png``. Exits 1 if any pytest run failed (its output tail is printed).
+``DIR/compile_seconds.png``. As it goes, each finished run is appended to ``DIR/runs.jsonl`` (what a run cut off
+by a time limit leaves). Exits 1 if any pytest run failed (its output tail is printed).
 """
 
 from __future__ import annotations
@@ -243,8 +244,16 @@ class Runner:
         self.s3 = s3
         self.timeout = timeout
         self.log_dir = log_dir  # failed runs' logs are copied here (the scratch directory goes away)
+        # Every finished run is appended here as one JSON line, so that a benchmark cut off by a time limit still
+        # leaves what it measured (results.json is written only at the end).
+        self.progress_file: Path | None = None
         self.load_args, self.unload_args, self.installed = plugin_args()
         self.env = base_env(s3)
+
+    def progress(self, r: Run) -> None:
+        if self.progress_file is not None:
+            with open(self.progress_file, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(r.__dict__, default=str) + "\n")
 
     def pytest(self, cwd: Path, args: list[str], dirs: Dirs, log: Path) -> tuple[int, float, str]:
         env = {**self.env, "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor), "TRITON_CACHE_DIR": str(dirs.triton),
@@ -443,16 +452,22 @@ def bench_xdist(runner: Runner, wl: Workload, rep: int, base: Path, workers: int
     return [cold, warm]
 
 
+SKIPPABLE = ("hot", "naive")  # modes a time-limited run may leave out (plain, cold and warm make the main ratios)
+
+
 def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threads: bool,
-                   xdist: int = 0) -> tuple[list[Run], str | None]:
-    """Every mode, repeat by repeat; returns the runs and a bucket the cold run filled (for idle and objects)."""
+                   xdist: int = 0, skip: Iterable[str] = ()) -> tuple[list[Run], str | None]:
+    """Every mode (less those in ``skip``: SKIPPABLE), repeat by repeat; returns the runs and a bucket the cold
+    run filled (for idle and objects)."""
     runs: list[Run] = []
     populated: str | None = None
-    modes = ["cold", "warm", *(["warm-auto", "warm-keep"] if threads else []), "hot", "naive",
-             *(["cold-xdist", "warm-xdist"] if xdist else [])]
+    skipped = frozenset(skip)
+    modes = ["cold", "warm", *(["warm-auto", "warm-keep"] if threads else []),
+             *(m for m in ("hot", "naive") if m not in skipped), *(["cold-xdist", "warm-xdist"] if xdist else [])]
 
     def record(r: Run) -> Run:
         runs.append(r)
+        runner.progress(r)
         if r.ok:
             say(f"  {r.mode}: wall {r.wall:.1f} s, compile {r.compile_seconds:.2f} s, FX {r.fx_hit}/{r.fx_miss} "
                 f"hit/miss, AOT {r.aot_hit}/{r.aot_miss}, moved {human_bytes(r.bytes_moved)}"
@@ -465,6 +480,7 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
         say(f"{wl.name}: repeat {rep + 1}/{repeats}: plain, {', '.join(modes)}")
         plain = runner.plain(wl, rep, base / "plain")
         runs.append(plain)
+        runner.progress(plain)
         if plain.ok:
             say(f"  plain (no plugin): wall {plain.wall:.1f} s")
         cold = record(runner.run(wl, "cold", rep, base / "cold", bucket=bucket))
@@ -474,21 +490,24 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
         populated = populated or bucket
         cold_dirs = Dirs(base / "cold" / "inductor-cache", base / "cold" / "triton-cache", base / "cold" / "tmp")
         archive = base / "naive-cache.tar.zst"
-        pack = naive_pack(cold_dirs, archive)  # before anything else runs in the cold run's directories
+        if "naive" not in skipped:
+            pack = naive_pack(cold_dirs, archive)  # before anything else runs in the cold run's directories
         record(runner.run(wl, "warm", rep, base / "warm", bucket=bucket))
         if threads:
             for value in ("auto", "keep"):
                 record(runner.run(wl, f"warm-{value}", rep, base / f"warm-{value}", bucket=bucket,
                                   extra=[THREADS_FLAG, value]))
-        record(runner.run(wl, "hot", rep, base / "hot", dirs=cold_dirs, store_dir=base / "empty-store-hot",
-                          read_only=True))
-        naive_dirs, unpack_seconds = naive_unpack(archive, base / "naive")
-        naive = runner.run(wl, "naive", rep, base / "naive-run", dirs=naive_dirs, store_dir=base / "empty-store-naive",
-                           read_only=True)
-        naive.extra = {**pack, "unpack_seconds": unpack_seconds}
-        naive.bytes_moved = pack["tar_zst_bytes"]
-        naive.restore_seconds = pack["pack_seconds"] + unpack_seconds
-        record(naive)
+        if "hot" not in skipped:
+            record(runner.run(wl, "hot", rep, base / "hot", dirs=cold_dirs, store_dir=base / "empty-store-hot",
+                              read_only=True))
+        if "naive" not in skipped:
+            naive_dirs, unpack_seconds = naive_unpack(archive, base / "naive")
+            naive = runner.run(wl, "naive", rep, base / "naive-run", dirs=naive_dirs,
+                               store_dir=base / "empty-store-naive", read_only=True)
+            naive.extra = {**pack, "unpack_seconds": unpack_seconds}
+            naive.bytes_moved = pack["tar_zst_bytes"]
+            naive.restore_seconds = pack["pack_seconds"] + unpack_seconds
+            record(naive)
         if xdist:
             for r in bench_xdist(runner, wl, rep, base, xdist):
                 record(r)
@@ -1037,6 +1056,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-threads-pair", action="store_true", help=f"skip the {THREADS_FLAG} auto/keep pair")
     parser.add_argument("--xdist", type=int, default=0, metavar="N",
                         help="also run cold and warm with pytest-xdist -n N (default: off)")
+    parser.add_argument("--skip", nargs="+", choices=SKIPPABLE, default=[],
+                        help="modes not to run (each needs a run of its own per repeat; the targets that need them "
+                             "print n/a)")
     parser.add_argument("--objects-repeats", type=int, default=3, help="restores per objects-check case (default: 3)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one pytest run may take (default: 3600)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (caches, logs, reports)")
@@ -1065,6 +1087,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with S3() as s3:
             runner = Runner(s3, opts.timeout, opts.out / "failed-logs")
+            runner.progress_file = opts.out / "runs.jsonl"
+            runner.progress_file.unlink(missing_ok=True)
             if not runner.installed:
                 notes.append("pytest-megacache is not installed as a pytest plugin here: loaded with "
                              "-p pytest_megacache.plugin from this checkout")
@@ -1086,7 +1110,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "(warm-auto / warm-keep) was skipped")
             last_populated: tuple[Workload, str] | None = None
             for wl in workloads:
-                runs, populated = bench_workload(runner, wl, opts.repeats, work, threads, opts.xdist)
+                runs, populated = bench_workload(runner, wl, opts.repeats, work, threads, opts.xdist, opts.skip)
                 all_runs += runs
                 failed |= any(not r.ok for r in runs)
                 if populated:

@@ -41,5 +41,6 @@ fi
 # 3. Benchmarks: cold / warm (S3) / hot / naive side by side.
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
 # REPEATS (default 1) and BENCH_ARGS (say "--xdist 2 --plot") pass through; BENCH_OUT names the results folder.
+# The whole log goes to $OUT/bench.log as it is written, so a call cut off by its time limit still returns it.
 python benchmarks/run.py --device cuda --workload ${WORKLOADS:-example} --n ${NS:-10} --repeats ${REPEATS:-1} --no-idle \
-  --out "${BENCH_OUT:-$OUT/bench}" --objects-repeats 1 ${BENCH_ARGS:-} 2>&1 | tail -${TAIL:-60}
+  --out "${BENCH_OUT:-$OUT/bench}" --objects-repeats 1 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -${TAIL:-60}

@@ -101,3 +101,31 @@ def test_the_mixed_workload_selects_cpu_and_gpu_tests_but_not_the_distributed_on
     files = {i.split("::")[0] for i in ids}
     assert {"tests/test_model_cpu.py", "tests/test_model_gpu.py"} <= files
     assert not [i for i in ids if "distributed" in i]
+
+
+def test_skipped_modes_are_not_run_and_every_run_is_logged_as_it_finishes(bench: ModuleType, tmp_path: Path) -> None:
+    import json
+    from types import SimpleNamespace
+
+    class FakeRunner(bench.Runner):  # type: ignore[misc,name-defined]
+        """The real progress log; pytest runs replaced by records of what was asked."""
+
+        def __init__(self) -> None:
+            self.s3 = SimpleNamespace(create_bucket=lambda name: name)
+            self.progress_file = tmp_path / "runs.jsonl"
+
+        def plain(self, wl: object, repeat: int, root: Path) -> object:
+            return bench.Run("wl", "plain", repeat, ok=True, wall=10.0)
+
+        def run(self, wl: object, mode: str, repeat: int, root: Path, **kw: object) -> object:
+            return bench.Run("wl", mode, repeat, ok=True, wall=5.0, compile_seconds=1.0, fx_hit=0, fx_miss=0,
+                             aot_hit=0, aot_miss=0)
+
+    wl = bench.Workload("wl", ROOT, [], ROOT / "pyproject.toml", "cpu")
+    runs_, _ = bench.bench_workload(FakeRunner(), wl, 2, tmp_path / "work", threads=False, skip=["hot", "naive"])
+    assert [r.mode for r in runs_] == ["plain", "cold", "warm"] * 2
+    logged = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [(d["mode"], d["repeat"]) for d in logged] == [(r.mode, r.repeat) for r in runs_]
+    lines, summary = bench.workload_tables(wl, runs_, 2)
+    assert summary["ratios"]["cold/plain wall"] == pytest.approx(0.5)
+    assert not [line for line in lines if line.startswith(("| hot", "| naive"))]
