@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Why does a warm (or hot) run tune a max-autotune kernel again although its autotune entry is restored?
 # The example's max-autotune test, cold into a directory store, then hot (the cold run's own directories, no
-# plugin), then warm (fresh directories restored by the plugin). Each run logs Inductor's run-time tuning at DEBUG
+# plugin), then warm (fresh directories restored by the plugin, uploading what it adds), then a second warm run that
+# restores both objects. Each run logs Inductor's run-time tuning at DEBUG
 # ("Save heuristic|coordesc tuning result", "COORDESC:" benchmarks) and the Triton kernels it built; after each
 # run every .best_config file is listed with a digest of its content, so a run that wrote an entry again, or a
 # new one beside it, shows up in the diff against the cold run's. Writes under $OUT.
@@ -19,7 +20,7 @@ one() {  # name, dirs, plugin args...
   mkdir -p "$d/i" "$d/t" "$d/tmp"
   (cd example_project && TORCHINDUCTOR_CACHE_DIR=$d/i TRITON_CACHE_DIR=$d/t TMPDIR=$d/tmp \
      EXAMPLE_TRITON_EVENTS="$OUT/$name-triton.jsonl" \
-     python -m pytest -q -p no:cacheprovider -m gpu -k autotune "$@" > "$OUT/$name.log" 2>&1)
+     python -m pytest -q -s -p no:logging -p no:cacheprovider -m gpu -k autotune "$@" > "$OUT/$name.log" 2>&1)
   echo "== $name rc=$? ($(grep -c 'COORDESC:' "$OUT/$name.log") COORDESC benchmarks;" \
        "$(grep -c 'tuning result to' "$OUT/$name.log") saves)"
   grep -o 'Save [a-z]* tuning result to .*' "$OUT/$name.log" | sed 's/^/   /' | sort | uniq -c
@@ -37,6 +38,7 @@ PY
 }
 one cold cold $ON --megacache-dir="$T/store"
 one hot cold $OFF
-one warm warm $ON --megacache-dir="$T/store" --megacache-mode=read
+one warm warm $ON --megacache-dir="$T/store"
+one warm2 warm2 $ON --megacache-dir="$T/store" --megacache-mode=read
 echo "== .best_config entries that differ from the cold run's (< cold, > the later run):"
-for r in hot warm; do echo "-- $r"; diff "$OUT/cold-best.txt" "$OUT/$r-best.txt" | grep '^[<>]' | cut -c1-400; done
+for r in hot warm warm2; do echo "-- $r"; diff "$OUT/cold-best.txt" "$OUT/$r-best.txt" | grep '^[<>]' | cut -c1-400; done
