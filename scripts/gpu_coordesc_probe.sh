@@ -10,10 +10,6 @@ set -u
 OUT=${OUT:-/tmp/coordesc-probe}
 mkdir -p "$OUT"; T=$(mktemp -d)
 . scripts/gpu_env.sh  # wheels, PYTHONPATH, the child-process .pth
-# The plugin from this checkout (-p), or its entry point where it is installed (then "no:" turns it off for hot).
-read -r ON OFF < <(python -c "import importlib.metadata as m
-i = any(e.name == 'megacache' for e in m.entry_points(group='pytest11'))
-print('-pno:nothing -pno:megacache' if i else '-ppytest_megacache.plugin -pno:nothing')")
 export TORCH_LOGS="+torch._inductor.runtime.triton_heuristics,+torch._inductor.runtime.autotune_cache"
 one() {  # name, dirs, plugin args...
   local name=$1 d=$T/$2; shift 2
@@ -26,19 +22,11 @@ one() {  # name, dirs, plugin args...
   grep -o 'Save [a-z]* tuning result to .*' "$OUT/$name.log" | sed 's/^/   /' | sort | uniq -c
   (cd "$d/i" && find . -name '*.best_config' -exec sh -c 'printf "%s %s %s\n" "$(sha1sum < "$1" | cut -c1-10)" "$1" "$(cat "$1")"' _ {} \; | sort -k2) > "$OUT/$name-best.txt"
   echo "   $(wc -l < "$OUT/$name-best.txt") .best_config files"
-  python - "$OUT/$name-triton.jsonl" <<'PY'
-import collections, json, sys
-try:
-    events = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-except OSError:
-    events = []
-built = collections.Counter(e["name"] for e in events if not e["cache_hit"])
-print(f"   Triton: {len(events) - sum(built.values())} cached, {sum(built.values())} built: {dict(built)}")
-PY
+  python scripts/triton_builds.py "$OUT/$name-triton.jsonl" "   "
 }
-one cold cold $ON --megacache-dir="$T/store"
-one hot cold $OFF
-one warm warm $ON --megacache-dir="$T/store"
-one warm2 warm2 $ON --megacache-dir="$T/store" --megacache-mode=read
+one cold cold $PLUGIN_ON --megacache-dir="$T/store"
+one hot cold $PLUGIN_OFF
+one warm warm $PLUGIN_ON --megacache-dir="$T/store"
+one warm2 warm2 $PLUGIN_ON --megacache-dir="$T/store" --megacache-mode=read
 echo "== .best_config entries that differ from the cold run's (< cold, > the later run):"
 for r in hot warm warm2; do echo "-- $r"; diff "$OUT/cold-best.txt" "$OUT/$r-best.txt" | grep '^[<>]' | cut -c1-400; done

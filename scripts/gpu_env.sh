@@ -12,6 +12,11 @@ fi
 export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts
 megacache_site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 cp pytest_megacache_children.pth "$megacache_site/" 2>/dev/null || echo "could not copy the .pth into $megacache_site"
+# PLUGIN_ON / PLUGIN_OFF: pytest arguments that load the plugin from this checkout (-p), or, where it is installed,
+# leave its entry point on / turn it off ("no:nothing" is a placeholder that changes nothing).
+read -r PLUGIN_ON PLUGIN_OFF < <(python3 -c "import importlib.metadata as m
+i = any(e.name == 'megacache' for e in m.entry_points(group='pytest11'))
+print('-pno:nothing -pno:megacache' if i else '-ppytest_megacache.plugin -pno:nothing')")
 python3 - <<'PY'
 import torch
 try:

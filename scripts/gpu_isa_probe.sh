@@ -9,9 +9,6 @@ set -u
 OUT=${OUT:-/tmp/isa-probe}
 mkdir -p "$OUT"; T=$(mktemp -d)
 . scripts/gpu_env.sh  # wheels, PYTHONPATH, the child-process .pth
-read -r ON OFF < <(python -c "import importlib.metadata as m
-i = any(e.name == 'megacache' for e in m.entry_points(group='pytest11'))
-print('-pno:nothing -pno:megacache' if i else '-ppytest_megacache.plugin -pno:nothing')")
 PROBE='import time, torch._inductor.cpu_vec_isa as m; t = time.perf_counter(); l = m.valid_vec_isa_list(); s = time.perf_counter() - t
 imports = "\nimport torch" in m.VecISA._avx_py_load
 print(f"{s:.2f} s; valid {[str(i) for i in l]}; picked {m.pick_vec_isa()}; the probe child imports torch: {imports}")'
@@ -29,7 +26,7 @@ one() {  # name, store, extra env...
   mkdir -p "$d/i" "$d/t" "$d/tmp"
   local start=$(date +%s.%N)
   (cd example_project && env "$@" TORCHINDUCTOR_CACHE_DIR=$d/i TRITON_CACHE_DIR=$d/t TMPDIR=$d/tmp \
-     python -m pytest -q -p no:cacheprovider $ON tests/test_model_cpu.py --megacache-dir="$T/$store" \
+     python -m pytest -q -p no:cacheprovider $PLUGIN_ON tests/test_model_cpu.py --megacache-dir="$T/$store" \
        --megacache-report="$OUT/$name.json" > "$OUT/$name.log" 2>&1)
   local rc=$? end=$(date +%s.%N)
   python - "$OUT/$name.json" "$name" "$rc" "$start" "$end" <<'PY'

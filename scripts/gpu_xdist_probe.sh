@@ -25,15 +25,7 @@ for node, t in sorted(r["torch"].get("per_test", {}).items()):
     print(f"  {node}: compiles {t.get('compiles')} {t.get('seconds', 0):.2f}s FX {tc.get('fxgraph_cache_hit', 0)}/{tc.get('fxgraph_cache_miss', 0)}"
           f" AOT {tc.get('autograd_cache_hit', 0)}/{tc.get('autograd_cache_miss', 0)} {[a for a in t.get('artifacts', []) if not a.startswith('inductor')][:6]}")
 PY
-  python - "$OUT/$1-triton.jsonl" <<'PY'
-import collections, json, sys
-try:
-    events = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-except OSError:
-    events = []
-built = collections.Counter(e["name"] for e in events if not e["cache_hit"])
-print(f"  Triton: {len(events) - sum(built.values())} cached, {sum(built.values())} built: {dict(built)}")
-PY
+  python scripts/triton_builds.py "$OUT/$1-triton.jsonl" "  "
   grep -o '\[gw[0-9]\] .*PASSED.*\|\[gw[0-9]\] .*FAILED.*' "$OUT/$1.log" | sed 's/^/    /'
 }
 one cold
