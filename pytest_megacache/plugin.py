@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import ci_env
+from . import ci_env, isaprobe
 from . import report as reportmod
 from .context import Context, Invocation, activate
 from .errors import MegacacheWarning, redact, redact_cut
@@ -345,6 +345,7 @@ class Compiling(Role):
         super().__init__(config, ctx)
         self.adapter = TorchAdapter(self._on_first_compile)
         self._torch_hook: PostImportHook | None = None
+        self._isa_hook: PostImportHook | None = None
         self._start_lock = threading.Lock()
 
     def make_session(self) -> CacheSession:
@@ -362,11 +363,17 @@ class Compiling(Role):
             self._torch_hook = PostImportHook("torch", lambda _module: self.start_cache(), self.adapter.import_spans)
             sys.meta_path.insert(0, self._torch_hook)
         self.adapter.install()
+        if self.settings.reuse_isa_check:
+            with self.contained("arming the vector-ISA check's reuse"):
+                self._isa_hook = isaprobe.arm(self._isa_not_armed)
         self.strict_wait()
         if self.settings.precompile:
             # torch looks a precompile entry up when torch.compile() wraps a function (at import, for a decorator),
             # before any compile starts: with --megacache-precompile the restore is loaded before collection.
             self._on_first_compile()
+
+    def _isa_not_armed(self, why: str) -> None:
+        self.notes.append(f"torch's vector-ISA check runs in every process: {why}")
 
     def start_cache(self) -> None:
         with self.contained("starting the restore"), self._start_lock:
@@ -409,6 +416,8 @@ class Compiling(Role):
     def close(self) -> None:
         if self._torch_hook is not None:
             self._torch_hook.remove()
+        isaprobe.disarm(self._isa_hook)
+        self._isa_hook = None
         self.adapter.uninstall()
 
 

@@ -83,6 +83,9 @@ class TorchStats:
     # child processes that reported their own counters (childhook), one dict each: label, pid, ppid, rank,
     # local_rank, world_size, compiles, graphs, compile_seconds, counters
     children: list[dict[str, Any]] = field(default_factory=list)
+    # torch's CPU vector-ISA load checks in the session's own processes (isaprobe): taken from a marker ("reused"),
+    # run by torch ("run"), markers written ("recorded")
+    isa_checks: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
@@ -91,7 +94,10 @@ class TorchStats:
                      "artifacts": [f"{typ}:{key}" for typ, key in t.artifacts]}
             for nodeid, t in adapter.per_test.items()
         }
-        return cls(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds, adapter.counters(), per_test)
+        from . import isaprobe
+
+        return cls(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds, adapter.counters(), per_test,
+                   isa_checks={k: v for k, v in isaprobe.counts().items() if v})
 
     def add(self, other: Mapping[str, Any]) -> None:
         """Fold in another process's stats (an xdist worker's, as a dict)."""
@@ -104,6 +110,8 @@ class TorchStats:
         self.per_test.update(dict(other.get("per_test", {})))
         for layer, n in dict(other.get("other_processes", {})).items():
             self.other_processes[str(layer)] = self.other_processes.get(str(layer), 0) + int(n)
+        for name, n in dict(other.get("isa_checks", {})).items():
+            self.isa_checks[str(name)] = self.isa_checks.get(str(name), 0) + int(n)
 
 
 
@@ -320,7 +328,14 @@ def _torch_lines(t: TorchStats, xd: XdistStats | None) -> list[str]:
             + (f" across {xd.workers} xdist workers" if xd is not None and xd.workers else "")
             + (f"; about {t.seconds_saved:.1f} s of cold compiling saved" if t.seconds_saved else "")
             + ("; one compile thread (the cache covers this selection)" if t.single_compile_thread else ""),
-            *_child_records_lines(t), *_children_line(t)]
+            *_isa_line(t), *_child_records_lines(t), *_children_line(t)]
+
+
+def _isa_line(t: TorchStats) -> list[str]:
+    reused, run = t.isa_checks.get("reused", 0), t.isa_checks.get("run", 0)
+    if not reused and not run:
+        return []
+    return [f"torch's CPU vector-ISA load checks: {reused} taken from an earlier run's record, {run} run"]
 
 
 def _upload_lines(up: UploadStats, verbose: int) -> list[str]:

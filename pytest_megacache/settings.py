@@ -44,6 +44,7 @@ class Settings:
     compile_threads: str = "auto"
     precompile: bool = False
     eager_backward: bool = False
+    reuse_isa_check: bool = True
     children: bool = False
     explicit: frozenset[str] = frozenset()  # options set by the user (any source), not defaulted
     # From MEGACACHE_SIGNING_KEY (not an option): the keys, the first one signing, () when empty or unset; or
@@ -156,6 +157,11 @@ OPTIONS: tuple[Option, ...] = (
                    "its test never calls backward(), and hits warm. Changes what torch compiles: more cold compile "
                    "time, other AOTAutograd keys, and a backward that fails to compile fails its test. Applies to pytest's "
                    "own processes (xdist workers included), not to child processes. Off by default."),
+    Option("reuse_isa_check", "--megacache-reuse-isa-check", "MEGACACHE_REUSE_ISA_CHECK", "megacache_reuse_isa_check",
+           "bool", "Run torch's CPU vector-ISA load check (a new Python process per ISA library, in every process that "
+                   "compiles for the CPU; tens of seconds with torch < 2.13) once per library and machine kind, and "
+                   "take its recorded success after that (yes/no; default: {default}). torch's config and keys are "
+                   "not touched."),
     Option("children", "--megacache-children", "MEGACACHE_CHILDREN", "megacache_children", "bool",
            "Restore at session start, for tests whose child processes compile (torchrun, mp.spawn, subprocess) "
            "while pytest itself never imports torch (otherwise the restore starts when pytest imports torch). "

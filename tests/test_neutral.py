@@ -44,6 +44,12 @@ SHAPES = textwrap.dedent(
     def test_large():
         torch._dynamo.reset()
         assert torch.compile(f, backend=recording)(torch.zeros(9)).shape == (9,)
+        # What Inductor decided about the CPU's vector ISA for these kernels (the plugin reuses its load check).
+        from torch._inductor import cpu_vec_isa as m
+        picked = m.pick_vec_isa()
+        with open(os.environ["GRAPHS_OUT"] + ".isa", "w") as fh:
+            json.dump({"valid": [str(i) for i in m.valid_vec_isa_list()], "picked": str(picked),
+                       "flags": picked.build_arch_flags()}, fh)
     """
 )
 
@@ -54,18 +60,27 @@ def graphs(path: Path) -> list[dict[str, object]]:
 
 def test_independent_tests_compile_the_same_graphs_off_cold_and_warm(pytester: pytest.Pytester, tmp_path: Path) -> None:
     project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=SHAPES)
-    seen = {}
+    seen, isa, checks = {}, {}, {}
     for name, args in (("off", ("-p", "no:megacache")), ("cold", ()), ("warm", ())):
         out = tmp_path / f"{name}.jsonl"
         run = project.run(*args, env={"GRAPHS_OUT": str(out)})
         run.result.assert_outcomes(passed=2)
         seen[name] = graphs(out)
+        isa[name] = json.loads(Path(f"{out}.isa").read_text())
+        checks[name] = (run.report or {}).get("torch", {}).get("isa_checks")
         if name == "warm":
             assert run.fx_hits == 2 and run.fx_misses == 0, run.counters  # the warm path really ran
     assert len(seen["off"]) == 2
     assert all(g["symbolic_inputs"] == [] for g in seen["off"])  # [static, static] without the plugin...
     assert seen["cold"] == seen["off"]  # ...and the very same graphs with it, cold
     assert seen["warm"] == seen["off"]  # and warm
+    # The same vector ISA, decided by torch's own load check cold and taken from its record warm.
+    assert isa["cold"] == isa["off"] and isa["warm"] == isa["off"]
+    if isa["off"]["valid"]:
+        assert checks["cold"]["run"] >= 1 and checks["cold"]["recorded"] == checks["cold"]["run"], checks
+        assert checks["warm"] == {"reused": checks["cold"]["run"]}, checks
+    else:  # a CPU without a vector ISA torch knows: nothing to check
+        assert checks["cold"] == checks["warm"] == {}, checks
 
 
 def test_required_signatures_fail_closed_on_an_empty_key(pytester: pytest.Pytester, tmp_path: Path,

@@ -1,0 +1,318 @@
+"""torch's CPU vector-ISA load check, run once per library and loader instead of once per process.
+
+Each process that compiles for the CPU asks torch which vector ISAs work (``cpu_vec_isa.valid_vec_isa_list()``).
+For each candidate the CPU's flags allow, torch builds a small library into ``TORCHINDUCTOR_CACHE_DIR`` (skipped
+when it is there: torch keys it by its code, the ISA flags, the compiler's version and torch's version) and then
+checks that it *loads*: a new Python process runs ``VecISA._avx_py_load``, ``cdll.LoadLibrary`` on it (torch
+<= 2.12 imports torch in that process first, measured at 32-41 s per pytest process on an H200 host with torch 2.11;
+torch 2.13 does not, 0.5 s here). Only that check is repeated by every process, xdist worker and warm run.
+
+What this module does, when the session armed it: it replaces the ``subprocess`` name in torch's
+``cpu_vec_isa`` module (only there) by a proxy that recognises exactly that check (``[sys.executable, "-c",
+<torch's own template with one library path>]``) and lets every other call through. When the check succeeds, it
+writes a marker next to the library (``<library>`` + :data:`MARKER_SUFFIX`) holding the library's SHA-256 and a
+hash of what the load depends on (:func:`loader_identity`). A later process whose library has the same bytes and
+whose identity is the same takes the marker for the check's result instead of running it again. Anything else (no
+marker, a different library, torch, interpreter, C library, CPU flags or loader variables, a marker that is not
+exactly what this module writes) runs torch's check as before; a failed check writes nothing, so a failure is
+never remembered and never skipped. torch's config is not touched (``cpp.vec_isa_ok`` is part of every FX graph's
+key): torch decides the same ISAs, flags and keys (tests/test_isaprobe.py compares them in fresh processes).
+
+The markers live in the cache directory, so they travel with the libraries (``file/inductor`` entries) and a
+warm run on a fresh runner of the same kind skips the checks too. No exception of this module's own reaches
+torch: any doubt runs the check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import stat
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+__all__ = ["MARKER_SUFFIX", "MODULE", "ProbeProxy", "arm", "counts", "disarm", "install", "loader_identity",
+           "reset_counts", "uninstall"]
+
+MODULE = "torch._inductor.cpu_vec_isa"
+PLACEHOLDER = "__lib_path__"  # where torch's template takes the library's path
+MARKER_SUFFIX = ".megacache-loads.json"
+MARKER_VERSION = 1
+MAX_MARKER_BYTES = 4096
+MAX_LIBRARY_BYTES = 64 << 20  # the probe libraries are tens of KB
+# The loader's environment variables that change what a dlopen resolves (their values enter a hash, never a file).
+LOADER_ENV = ("LD_LIBRARY_PATH", "LD_PRELOAD", "LD_BIND_NOW", "PYTHONHOME", "PYTHONPATH")
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+_lock = threading.Lock()
+_counts = {"reused": 0, "run": 0, "recorded": 0}
+_identities: dict[str, str] = {}  # template -> loader_identity(template), once per process
+
+
+def counts() -> dict[str, int]:
+    """This process's checks: taken from a marker (``reused``), run by torch (``run``), markers written."""
+    with _lock:
+        return dict(_counts)
+
+
+def reset_counts() -> None:
+    """Zero the counts and forget the loader identity (a new session may run in the same process)."""
+    with _lock:
+        for name in _counts:
+            _counts[name] = 0
+        _identities.clear()
+
+
+def _count(name: str) -> None:
+    with _lock:
+        _counts[name] += 1
+
+
+# --- what the check's result depends on ---------------------------------------------------------------------
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux: the first ``flags`` line of /proc/cpuinfo, sorted); "" elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(set(line.partition(":")[2].split())))
+    except OSError:
+        pass
+    return ""
+
+
+def _torch_libraries(torch_dir: str) -> list[tuple[str, int]]:
+    """``(name, size)`` of the shared libraries torch ships (what the probe library links against)."""
+    lib = os.path.join(torch_dir, "lib")
+    try:
+        names = sorted(os.listdir(lib))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if ".so" in name or name.endswith((".dylib", ".dll")):
+            try:
+                out.append((name, os.stat(os.path.join(lib, name)).st_size))
+            except OSError:
+                out.append((name, -1))
+    return out
+
+
+def _torch_build() -> list[Any]:
+    """The torch build the check loads against: version, git revision, install path, its libraries."""
+    import torch  # only called from torch's own cpu_vec_isa: torch is imported
+
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    return [str(torch.__version__), str(getattr(torch.version, "git_version", "")), torch_dir,
+            _torch_libraries(torch_dir)]
+
+
+def loader_identity(template: str, env: dict[str, str] | None = None) -> str:
+    """A hash of everything a successful load check depends on besides the library's own bytes: torch's check
+    (its template), the torch build it loads against (version, git revision, install path, its libraries' names
+    and sizes), the interpreter, the C library, the machine and its CPU flags, and the loader's variables."""
+    env = dict(os.environ if env is None else env)
+    parts: dict[str, Any] = {
+        "template": template,
+        "torch": _torch_build(),
+        "python": [sys.executable, sys.version, sys.implementation.cache_tag],
+        "libc": list(platform.libc_ver()),
+        "machine": [sys.platform, platform.machine()],
+        "cpu": _cpu_flags(),
+        "env": {name: env.get(name) for name in LOADER_ENV},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _identity_for(template: str) -> str:
+    with _lock:
+        if template not in _identities:
+            _identities[template] = loader_identity(template)
+        return _identities[template]
+
+
+def _library_digest(path: str) -> tuple[str, int] | None:
+    """SHA-256 and size of a regular file (no link), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_LIBRARY_BYTES:
+            return None
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+        return digest.hexdigest(), st.st_size
+    finally:
+        os.close(fd)
+
+
+def _read_marker(path: str) -> dict[str, Any] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MARKER_BYTES:
+            return None
+        data = os.read(fd, MAX_MARKER_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        marker = json.loads(data.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _expected(library: str, template: str) -> dict[str, Any] | None:
+    digest = _library_digest(library)
+    if digest is None:
+        return None
+    return {"v": MARKER_VERSION, "library_sha256": digest[0], "library_bytes": digest[1],
+            "loader": _identity_for(template)}
+
+
+def reusable(library: str, template: str) -> bool:
+    """Whether a marker says torch's load check succeeded for these exact library bytes and loader."""
+    marker = _read_marker(library + MARKER_SUFFIX)
+    return marker is not None and marker == _expected(library, template)
+
+
+def record(library: str, template: str) -> bool:
+    """Write the marker for a check that just succeeded (atomically; an existing marker is replaced only by
+    a rename, never written into)."""
+    expected = _expected(library, template)
+    if expected is None:
+        return False
+    data = json.dumps(expected, sort_keys=True).encode("ascii")
+    folder, name = os.path.split(library + MARKER_SUFFIX)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(folder, name))
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+    return True
+
+
+# --- the proxy ----------------------------------------------------------------------------------------------
+class ProbeProxy:
+    """Stands for the ``subprocess`` module inside torch's ``cpu_vec_isa``: ``run`` and ``check_call`` of torch's
+    load check consult the markers; everything else is the real module's."""
+
+    def __init__(self, real: ModuleType, template: str) -> None:
+        self._real = real
+        self._template = template
+        self._prefix, _, self._suffix = template.partition(PLACEHOLDER)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def _library(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """The library path when this call is torch's load check (its exact command), else None."""
+        argv = args[0] if args else kwargs.get("args")
+        if not isinstance(argv, (list, tuple)) or len(argv) != 3 or argv[0] != sys.executable or argv[1] != "-c":
+            return None
+        code = argv[2]
+        if not (isinstance(code, str) and code.startswith(self._prefix) and code.endswith(self._suffix)):
+            return None
+        path = code[len(self._prefix):len(code) - len(self._suffix)]
+        if not path or not os.path.isabs(path) or any(c in path for c in "\"\\\n\r\0"):
+            return None
+        return path
+
+    def _call(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+              on_hit: Callable[[list[Any]], Any], succeeded: Callable[[Any], bool]) -> Any:
+        try:
+            library = self._library(args, kwargs)
+            if library is not None and reusable(library, self._template):
+                _count("reused")
+                return on_hit(list(args[0] if args else kwargs["args"]))
+        except Exception:  # noqa: BLE001 - any doubt: torch runs its check
+            library = None
+        if library is not None:
+            _count("run")
+        result = real(*args, **kwargs)  # torch's own check; its exceptions are torch's
+        if library is not None:
+            try:
+                if succeeded(result) and record(library, self._template):
+                    _count("recorded")
+            except Exception:  # noqa: BLE001
+                pass
+        return result
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(self._real.run, args, kwargs, lambda argv: self._real.CompletedProcess(argv, 0),
+                          lambda result: getattr(result, "returncode", None) == 0)
+
+    def check_call(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(self._real.check_call, args, kwargs, lambda argv: 0, lambda result: result == 0)
+
+
+def install(module: ModuleType) -> str | None:
+    """Put the proxy in ``module`` (torch's ``cpu_vec_isa``); None when done, else why not."""
+    current = getattr(module, "subprocess", None)
+    if isinstance(current, ProbeProxy):
+        return None
+    template = getattr(getattr(module, "VecISA", None), "_avx_py_load", None)
+    if not isinstance(template, str) or template.count(PLACEHOLDER) != 1:
+        return "this torch's vector-ISA check has another form"
+    if not isinstance(current, ModuleType) or current.__name__ != "subprocess":
+        return "this torch's vector-ISA check does not go through subprocess"
+    module.subprocess = ProbeProxy(current, template)  # type: ignore[attr-defined]
+    return None
+
+
+def uninstall(module: ModuleType | None = None) -> None:
+    module = module if module is not None else sys.modules.get(MODULE)
+    current = getattr(module, "subprocess", None)
+    if isinstance(current, ProbeProxy):
+        module.subprocess = current._real  # type: ignore[union-attr]
+
+
+def arm(on_problem: Callable[[str], None]) -> Any:
+    """Install now if torch's ``cpu_vec_isa`` is imported, else when it is. Returns the import hook to remove
+    (or None). ``on_problem`` hears why it could not be installed."""
+    from .torch_adapter import PostImportHook
+
+    reset_counts()
+
+    def after(module: ModuleType) -> None:
+        try:
+            why = install(module)
+        except Exception as exc:  # noqa: BLE001 - never into torch's import
+            why = f"{type(exc).__name__}: {exc}"
+        if why:
+            on_problem(why)
+
+    if MODULE in sys.modules:
+        after(sys.modules[MODULE])
+        return None
+    hook = PostImportHook(MODULE, after)
+    sys.meta_path.insert(0, hook)
+    return hook
+
+
+def disarm(hook: Any) -> None:
+    if hook is not None:
+        hook.remove()
+    uninstall()

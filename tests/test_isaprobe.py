@@ -1,0 +1,325 @@
+"""The reuse of torch's CPU vector-ISA load check (pytest_megacache/isaprobe.py).
+
+Most tests drive :class:`ProbeProxy` with real child processes and a template of the two forms torch has used
+(torch <= 2.12: ``check_call`` and ``import torch`` in the child; torch 2.13: ``run`` without it), with a stand-in
+for torch's build identity, so they need no torch. The ``torch`` test compares what real torch decides (valid
+ISAs, the pick, its compile flags) in fresh processes without the reuse, recording, and reusing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from pytest_megacache import isaprobe
+from pytest_megacache.isaprobe import MARKER_SUFFIX, ProbeProxy
+
+# The child reads the library (so a missing one fails, as a dlopen would) and exits 0.
+OLD_FORM = '\nimport sys\nopen("__lib_path__", "rb").read()\n'  # torch <= 2.12 used check_call
+NEW_FORM = '\nimport sys\nif sys.platform != "linux":\n    pass\nopen("__lib_path__", "rb").read()\n'  # 2.13: run
+
+
+class CountingSubprocess(ModuleType):
+    """A stand-in for the subprocess module that counts the calls it passes to the real one."""
+
+    def __init__(self) -> None:
+        super().__init__("subprocess")
+        self.calls: list[list[str]] = []
+        self.CompletedProcess = subprocess.CompletedProcess
+        self.CalledProcessError = subprocess.CalledProcessError
+        self.DEVNULL = subprocess.DEVNULL
+        self.TimeoutExpired = subprocess.TimeoutExpired
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(list(args[0] if args else kwargs["args"]))
+        return subprocess.run(*args, **kwargs)
+
+    def check_call(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(list(args[0] if args else kwargs["args"]))
+        return subprocess.check_call(*args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(isaprobe, "_torch_build", lambda: ["2.99.0", "abc123", "/opt/torch", [("libtorch_cpu.so", 7)]])
+    isaprobe.reset_counts()
+
+
+def library(tmp_path: Path, data: bytes = b"\x7fELF a probe library") -> str:
+    path = tmp_path / "ab" / "cabcdef.so"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return str(path)
+
+
+def check(proxy: ProbeProxy, template: str, lib: str, *, old: bool) -> Any:
+    """What torch's check does: the exact command, its keyword arguments, its way of failing."""
+    argv = [sys.executable, "-c", template.replace("__lib_path__", lib)]
+    if old:
+        return proxy.check_call(argv, cwd=os.path.dirname(lib), stderr=subprocess.DEVNULL)
+    return proxy.run(argv, stderr=subprocess.DEVNULL, timeout=60, check=True)
+
+
+@pytest.mark.parametrize("old", [True, False], ids=["check_call-torch<=2.12", "run-torch2.13"])
+def test_a_successful_check_runs_once_then_is_taken_from_its_record(tmp_path: Path, old: bool) -> None:
+    template = OLD_FORM if old else NEW_FORM
+    real = CountingSubprocess()
+    lib = library(tmp_path)
+    first = check(ProbeProxy(real, template), template, lib, old=old)
+    assert len(real.calls) == 1 and Path(lib + MARKER_SUFFIX).is_file()
+    assert isaprobe.counts() == {"reused": 0, "run": 1, "recorded": 1}
+    # A new process (a new proxy, the identity computed again): the record stands for the check.
+    isaprobe.reset_counts()
+    second = check(ProbeProxy(real, template), template, lib, old=old)
+    assert len(real.calls) == 1  # no child this time
+    assert isaprobe.counts() == {"reused": 1, "run": 0, "recorded": 0}
+    if old:
+        assert first == second == 0
+    else:
+        assert first.returncode == second.returncode == 0
+
+
+def test_the_record_holds_hashes_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/s3cr3t-Value-0123456789")
+    lib = library(tmp_path)
+    check(ProbeProxy(CountingSubprocess(), OLD_FORM), OLD_FORM, lib, old=True)
+    text = Path(lib + MARKER_SUFFIX).read_text()
+    assert "s3cr3t" not in text and "/opt" not in text
+    assert set(json.loads(text)) == {"v", "library_sha256", "library_bytes", "loader"}
+
+
+def _changes() -> list[tuple[str, Any]]:
+    def other_library(lib: str, mp: pytest.MonkeyPatch) -> None:
+        Path(lib).write_bytes(b"\x7fELF another library")
+
+    def other_torch(lib: str, mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(isaprobe, "_torch_build", lambda: ["2.99.1", "abc124", "/opt/torch", [("libtorch_cpu.so", 7)]])
+
+    def other_libtorch(lib: str, mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(isaprobe, "_torch_build", lambda: ["2.99.0", "abc123", "/opt/torch", [("libtorch_cpu.so", 8)]])
+
+    def other_loader_env(lib: str, mp: pytest.MonkeyPatch) -> None:
+        mp.setenv("LD_PRELOAD", "/usr/lib/libfoo.so")
+
+    def other_cpu(lib: str, mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(isaprobe, "_cpu_flags", lambda: "avx2 fma sse4_2")
+
+    def other_python(lib: str, mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(isaprobe.sys, "version", sys.version + " (another build)")
+
+    def tampered(lib: str, mp: pytest.MonkeyPatch) -> None:
+        marker = Path(lib + MARKER_SUFFIX)
+        doc = json.loads(marker.read_text())
+        marker.write_text(json.dumps({**doc, "extra": 1}))
+
+    def newer_version(lib: str, mp: pytest.MonkeyPatch) -> None:
+        marker = Path(lib + MARKER_SUFFIX)
+        marker.write_text(json.dumps({**json.loads(marker.read_text()), "v": 2}))
+
+    def not_json(lib: str, mp: pytest.MonkeyPatch) -> None:
+        Path(lib + MARKER_SUFFIX).write_bytes(b"\xff{not json")
+
+    def too_big(lib: str, mp: pytest.MonkeyPatch) -> None:
+        marker = Path(lib + MARKER_SUFFIX)
+        doc = json.loads(marker.read_text())
+        marker.write_text(json.dumps(doc) + " " * isaprobe.MAX_MARKER_BYTES)
+
+    def a_link(lib: str, mp: pytest.MonkeyPatch) -> None:
+        marker = Path(lib + MARKER_SUFFIX)
+        real = marker.with_name("elsewhere.json")
+        marker.rename(real)
+        marker.symlink_to(real)
+
+    def copied_from_another_library(lib: str, mp: pytest.MonkeyPatch) -> None:
+        other = Path(lib).with_name("cother.so")
+        other.write_bytes(b"\x7fELF another library")
+        Path(lib + MARKER_SUFFIX).rename(str(other) + MARKER_SUFFIX)
+        Path(lib).unlink()
+        other.rename(lib)
+        Path(str(other) + MARKER_SUFFIX).rename(lib + MARKER_SUFFIX)
+
+    return [(f.__name__, f) for f in (other_library, other_torch, other_libtorch, other_loader_env, other_cpu,
+                                      other_python, tampered, newer_version, not_json, too_big, a_link,
+                                      copied_from_another_library)]
+
+
+@pytest.mark.parametrize("change", [f for _, f in _changes()], ids=[n for n, _ in _changes()])
+def test_anything_else_runs_the_check_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
+    real = CountingSubprocess()
+    lib = library(tmp_path)
+    check(ProbeProxy(real, OLD_FORM), OLD_FORM, lib, old=True)
+    assert len(real.calls) == 1
+    change(lib, monkeypatch)
+    isaprobe.reset_counts()  # a new process
+    check(ProbeProxy(real, OLD_FORM), OLD_FORM, lib, old=True)
+    assert len(real.calls) == 2
+    assert isaprobe.counts()["run"] == 1 and isaprobe.counts()["reused"] == 0
+
+
+@pytest.mark.parametrize("old", [True, False], ids=["check_call", "run"])
+def test_a_failed_check_is_never_recorded_nor_skipped(tmp_path: Path, old: bool) -> None:
+    template = OLD_FORM if old else NEW_FORM
+    real = CountingSubprocess()
+    (tmp_path / "ab").mkdir()
+    missing = str(tmp_path / "ab" / "cmissing.so")  # the child fails to read it
+    for _ in range(2):
+        with pytest.raises(subprocess.CalledProcessError):
+            check(ProbeProxy(real, template), template, missing, old=old)
+    assert len(real.calls) == 2
+    assert not list(tmp_path.rglob("*" + MARKER_SUFFIX))
+    # run() without check=True: a non-zero exit is returned, and not recorded either.
+    lib = library(tmp_path)
+    argv = [sys.executable, "-c", "import sys; sys.exit(3)  # " + template.replace("__lib_path__", lib)]
+    result = ProbeProxy(real, "import sys; sys.exit(3)  # " + template).run(argv)
+    assert result.returncode == 3 and not Path(lib + MARKER_SUFFIX).exists()
+
+
+@pytest.mark.parametrize("argv", [
+    pytest.param(lambda lib: ["/usr/bin/python3-other", "-c", OLD_FORM.replace("__lib_path__", lib)], id="interpreter"),
+    pytest.param(lambda lib: [sys.executable, "-c", OLD_FORM.replace("__lib_path__", lib), "x"], id="extra-arg"),
+    pytest.param(lambda lib: [sys.executable, "-I", OLD_FORM.replace("__lib_path__", lib)], id="not-dash-c"),
+    pytest.param(lambda lib: [sys.executable, "-c", "print(1)\n" + OLD_FORM.replace("__lib_path__", lib)],
+                 id="other-code"),
+    pytest.param(lambda lib: [sys.executable, "-c", OLD_FORM.replace("__lib_path__", "ab/cabcdef.so")],
+                 id="relative-path"),
+    pytest.param(lambda lib: " ".join([sys.executable, "-c", "pass"]), id="a-string"),
+])
+def test_other_calls_pass_through_untouched(tmp_path: Path, argv: Any) -> None:
+    class Real(CountingSubprocess):
+        def check_call(self, *args: Any, **kwargs: Any) -> Any:
+            self.calls.append([str(args)])
+            return 0
+
+    real = Real()
+    lib = library(tmp_path)
+    proxy = ProbeProxy(real, OLD_FORM)
+    for _ in range(2):
+        assert proxy.check_call(argv(lib), cwd="/") == 0
+    assert len(real.calls) == 2
+    assert not Path(lib + MARKER_SUFFIX).exists() and isaprobe.counts() == {"reused": 0, "run": 0, "recorded": 0}
+    assert proxy.DEVNULL is subprocess.DEVNULL and proxy.TimeoutExpired is subprocess.TimeoutExpired
+
+
+def test_its_own_faults_run_torchs_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = CountingSubprocess()
+    lib = library(tmp_path)
+    check(ProbeProxy(real, OLD_FORM), OLD_FORM, lib, old=True)
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(isaprobe, "_cpu_flags", broken)  # the identity cannot be computed
+    isaprobe.reset_counts()
+    assert check(ProbeProxy(real, OLD_FORM), OLD_FORM, lib, old=True) == 0
+    assert len(real.calls) == 2
+    monkeypatch.setattr(isaprobe, "record", broken)  # nor a record written
+    assert check(ProbeProxy(real, OLD_FORM), OLD_FORM, lib, old=True) == 0
+    assert len(real.calls) == 3
+
+
+def fake_torch_module(template: str | None, sub: Any = subprocess) -> ModuleType:
+    module = ModuleType("fake_cpu_vec_isa")
+    module.VecISA = type("VecISA", (), {} if template is None else {"_avx_py_load": template})  # type: ignore[attr-defined]
+    module.subprocess = sub  # type: ignore[attr-defined]
+    return module
+
+
+def test_install_replaces_only_the_modules_name_and_uninstall_puts_it_back() -> None:
+    module = fake_torch_module(NEW_FORM)
+    assert isaprobe.install(module) is None
+    assert isinstance(module.subprocess, ProbeProxy) and subprocess.run.__module__ == "subprocess"
+    assert isaprobe.install(module) is None and module.subprocess._real is subprocess  # idempotent
+    isaprobe.uninstall(module)
+    assert module.subprocess is subprocess
+
+
+@pytest.mark.parametrize("module,why", [
+    (fake_torch_module(None), "another form"),
+    (fake_torch_module("open('__lib_path__'); open('__lib_path__')"), "another form"),
+    (fake_torch_module(NEW_FORM, sub=CountingSubprocess.__new__(CountingSubprocess)), "another form"),
+    (fake_torch_module(NEW_FORM, sub=object()), "does not go through subprocess"),
+])
+def test_install_leaves_another_form_alone(module: ModuleType, why: str) -> None:
+    if isinstance(module.subprocess, CountingSubprocess):
+        module.VecISA._avx_py_load = 3  # not a string
+    before = module.subprocess
+    assert why in (isaprobe.install(module) or "")
+    assert module.subprocess is before
+
+
+def test_arm_waits_for_the_module_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "fake_isa_module.py").write_text(textwrap.dedent(f"""
+        import subprocess
+        class VecISA:
+            _avx_py_load = {NEW_FORM!r}
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(isaprobe, "MODULE", "fake_isa_module")
+    problems: list[str] = []
+    hook = isaprobe.arm(problems.append)
+    try:
+        assert hook is not None and hook in sys.meta_path
+        import fake_isa_module  # type: ignore[import-not-found]
+
+        assert isinstance(fake_isa_module.subprocess, ProbeProxy) and problems == []
+        assert hook not in sys.meta_path
+    finally:
+        isaprobe.disarm(hook)
+        sys.modules.pop("fake_isa_module", None)
+    assert fake_isa_module.subprocess is subprocess
+
+
+def test_a_temporary_record_never_travels_and_a_record_does(tmp_path: Path) -> None:
+    from pytest_megacache.files import FileRoot
+
+    root = FileRoot("inductor", tmp_path)
+    lib = library(tmp_path)
+    before = root.snapshot()
+    check(ProbeProxy(CountingSubprocess(), OLD_FORM), OLD_FORM, lib, old=True)
+    Path(tmp_path, "ab", f".cabcdef.so{MARKER_SUFFIX}.1.2.tmp").write_text("{}")  # one left by a killed writer
+    entries, skipped = root.collect(before)
+    assert [e.name for e in entries] == [f"ab/cabcdef.so{MARKER_SUFFIX}"] and skipped == []
+
+
+# --- real torch -----------------------------------------------------------------------------------------------
+DECIDE = textwrap.dedent("""
+    import json, sys
+    import torch._inductor.cpu_vec_isa as m
+    from pytest_megacache import isaprobe
+    if sys.argv[1] == "reuse":
+        assert isaprobe.install(m) is None
+    valid = m.valid_vec_isa_list()
+    picked = m.pick_vec_isa()
+    print(json.dumps({"valid": [str(i) for i in valid], "picked": str(picked), "flags": picked.build_arch_flags(),
+                      "macros": picked.build_macro(), "counts": isaprobe.counts()}))
+""")
+
+
+@pytest.mark.torch
+def test_torch_decides_the_same_without_the_reuse_recording_and_reusing(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+
+    def decide(mode: str, cache: str) -> dict[str, Any]:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / cache), "TMPDIR": str(tmp_path)}
+        done = subprocess.run([sys.executable, "-c", DECIDE, mode], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return dict(json.loads(done.stdout.splitlines()[-1]))
+
+    plain = decide("torch", "plain")
+    recording = decide("reuse", "reuse")
+    reusing = decide("reuse", "reuse")
+    counts = [d.pop("counts") for d in (plain, recording, reusing)]
+    assert plain == recording == reusing
+    assert plain["valid"], "this CPU has no vector ISA: the comparison would prove nothing"
+    assert counts[0] == {"reused": 0, "run": 0, "recorded": 0}
+    assert counts[1]["run"] >= 1 and counts[1]["recorded"] == counts[1]["run"] and counts[1]["reused"] == 0
+    assert counts[2] == {"reused": counts[1]["run"], "run": 0, "recorded": 0}
