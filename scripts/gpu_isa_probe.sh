@@ -21,7 +21,7 @@ from pytest_megacache import isaprobe
 print(f"{s:.2f} s; valid {[str(i) for i in l]}; picked {p} flags {p.build_arch_flags()!r}; checks {isaprobe.counts()}")'
 echo "== apart (fresh processes)"
 for i in 1 2; do printf 'import torch: '; python -c 'import time; t = time.perf_counter(); import torch; print(f"{time.perf_counter() - t:.2f} s")'; done
-for i in 1 2; do
+for i in ${APART_REPEATS:-1}; do
   d=$T/apart$i; mkdir -p "$d/i" "$d/j" "$d/tmp"
   printf 'probe, empty cache dir: ';                 TORCHINDUCTOR_CACHE_DIR=$d/i TMPDIR=$d/tmp python -c "$PROBE" torch
   printf 'probe, libraries present: ';              TORCHINDUCTOR_CACHE_DIR=$d/i TMPDIR=$d/tmp python -c "$PROBE" torch
