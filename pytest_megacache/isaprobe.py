@@ -10,7 +10,7 @@ torch 2.13 does not, 0.5 s here). Only that check is repeated by every process, 
 What this module does, when the session armed it: it replaces the ``subprocess`` name in torch's
 ``cpu_vec_isa`` module (only there) by a proxy that recognises exactly that check (``[sys.executable, "-c",
 <torch's own template with one library path>]``) and lets every other call through. When the check succeeds, it
-writes a marker next to the library (``<library>`` + :data:`MARKER_SUFFIX`) holding the library's SHA-256 and a
+writes a marker next to the library (``<library>.<identity prefix>`` + :data:`MARKER_SUFFIX`) holding the library's SHA-256 and a
 hash of what the load depends on (:func:`loader_identity`). A later process whose library has the same bytes and
 whose identity is the same takes the marker for the check's result instead of running it again. Anything else (no
 marker, a different library, torch, interpreter, C library, CPU flags or loader variables, a marker that is not
@@ -37,7 +37,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["MARKER_SUFFIX", "MODULE", "ProbeProxy", "arm", "counts", "disarm", "install", "loader_identity",
-           "reset_counts", "uninstall"]
+           "marker_path", "record", "reset_counts", "reusable", "uninstall"]
 
 MODULE = "torch._inductor.cpu_vec_isa"
 PLACEHOLDER = "__lib_path__"  # where torch's template takes the library's path
@@ -183,9 +183,15 @@ def _expected(library: str, template: str) -> dict[str, Any] | None:
             "loader": _identity_for(template)}
 
 
+def marker_path(library: str, template: str) -> str:
+    """Where the record for ``library`` on this loader lives: its name holds the identity's first 16 hex digits,
+    so the records of several kinds of machine sharing one store live side by side (each is new where made)."""
+    return f"{library}.{_identity_for(template)[:16]}{MARKER_SUFFIX}"
+
+
 def reusable(library: str, template: str) -> bool:
     """Whether a marker says torch's load check succeeded for these exact library bytes and loader."""
-    marker = _read_marker(library + MARKER_SUFFIX)
+    marker = _read_marker(marker_path(library, template))
     return marker is not None and marker == _expected(library, template)
 
 
@@ -196,7 +202,7 @@ def record(library: str, template: str) -> bool:
     if expected is None:
         return False
     data = json.dumps(expected, sort_keys=True).encode("ascii")
-    folder, name = os.path.split(library + MARKER_SUFFIX)
+    folder, name = os.path.split(marker_path(library, template))
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644)

@@ -60,6 +60,13 @@ def library(tmp_path: Path, data: bytes = b"\x7fELF a probe library") -> str:
     return str(path)
 
 
+def marker(lib: str) -> Path:
+    """The record written for ``lib`` (exactly one)."""
+    found = list(Path(lib).parent.glob(Path(lib).name + ".*" + MARKER_SUFFIX))
+    assert len(found) == 1, found
+    return found[0]
+
+
 def check(proxy: ProbeProxy, template: str, lib: str, *, old: bool) -> Any:
     """What torch's check does: the exact command, its keyword arguments, its way of failing."""
     argv = [sys.executable, "-c", template.replace("__lib_path__", lib)]
@@ -74,7 +81,7 @@ def test_a_successful_check_runs_once_then_is_taken_from_its_record(tmp_path: Pa
     real = CountingSubprocess()
     lib = library(tmp_path)
     first = check(ProbeProxy(real, template), template, lib, old=old)
-    assert len(real.calls) == 1 and Path(lib + MARKER_SUFFIX).is_file()
+    assert len(real.calls) == 1 and marker(lib).is_file()
     assert isaprobe.counts() == {"reused": 0, "run": 1, "recorded": 1}
     # A new process (a new proxy, the identity computed again): the record stands for the check.
     isaprobe.reset_counts()
@@ -91,7 +98,7 @@ def test_the_record_holds_hashes_only(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/s3cr3t-Value-0123456789")
     lib = library(tmp_path)
     check(ProbeProxy(CountingSubprocess(), OLD_FORM), OLD_FORM, lib, old=True)
-    text = Path(lib + MARKER_SUFFIX).read_text()
+    text = marker(lib).read_text()
     assert "s3cr3t" not in text and "/opt" not in text
     assert set(json.loads(text)) == {"v", "library_sha256", "library_bytes", "loader"}
 
@@ -116,39 +123,38 @@ def _changes() -> list[tuple[str, Any]]:
         mp.setattr(isaprobe.sys, "version", sys.version + " (another build)")
 
     def tampered(lib: str, mp: pytest.MonkeyPatch) -> None:
-        marker = Path(lib + MARKER_SUFFIX)
-        doc = json.loads(marker.read_text())
-        marker.write_text(json.dumps({**doc, "extra": 1}))
+        path = marker(lib)
+        path.write_text(json.dumps({**json.loads(path.read_text()), "extra": 1}))
 
     def newer_version(lib: str, mp: pytest.MonkeyPatch) -> None:
-        marker = Path(lib + MARKER_SUFFIX)
-        marker.write_text(json.dumps({**json.loads(marker.read_text()), "v": 2}))
+        path = marker(lib)
+        path.write_text(json.dumps({**json.loads(path.read_text()), "v": 2}))
 
     def not_json(lib: str, mp: pytest.MonkeyPatch) -> None:
-        Path(lib + MARKER_SUFFIX).write_bytes(b"\xff{not json")
+        marker(lib).write_bytes(b"\xff{not json")
 
     def too_big(lib: str, mp: pytest.MonkeyPatch) -> None:
-        marker = Path(lib + MARKER_SUFFIX)
-        doc = json.loads(marker.read_text())
-        marker.write_text(json.dumps(doc) + " " * isaprobe.MAX_MARKER_BYTES)
+        path = marker(lib)
+        path.write_text(path.read_text() + " " * isaprobe.MAX_MARKER_BYTES)
 
     def a_link(lib: str, mp: pytest.MonkeyPatch) -> None:
-        marker = Path(lib + MARKER_SUFFIX)
-        real = marker.with_name("elsewhere.json")
-        marker.rename(real)
-        marker.symlink_to(real)
+        path = marker(lib)
+        real = path.with_name("elsewhere.json")
+        path.rename(real)
+        path.symlink_to(real)
 
     def copied_from_another_library(lib: str, mp: pytest.MonkeyPatch) -> None:
-        other = Path(lib).with_name("cother.so")
-        other.write_bytes(b"\x7fELF another library")
-        Path(lib + MARKER_SUFFIX).rename(str(other) + MARKER_SUFFIX)
-        Path(lib).unlink()
-        other.rename(lib)
-        Path(str(other) + MARKER_SUFFIX).rename(lib + MARKER_SUFFIX)
+        Path(lib).write_bytes(b"\x7fELF another library")  # the record stays, for the library before
+
+    def renamed_for_another_cpu(lib: str, mp: pytest.MonkeyPatch) -> None:
+        old = marker(lib)
+        mp.setattr(isaprobe, "_cpu_flags", lambda: "avx2 fma sse4_2")
+        isaprobe.reset_counts()
+        old.rename(isaprobe.marker_path(lib, OLD_FORM))  # the name fits, the content does not
 
     return [(f.__name__, f) for f in (other_library, other_torch, other_libtorch, other_loader_env, other_cpu,
                                       other_python, tampered, newer_version, not_json, too_big, a_link,
-                                      copied_from_another_library)]
+                                      copied_from_another_library, renamed_for_another_cpu)]
 
 
 @pytest.mark.parametrize("change", [f for _, f in _changes()], ids=[n for n, _ in _changes()])
@@ -162,6 +168,20 @@ def test_anything_else_runs_the_check_again(tmp_path: Path, monkeypatch: pytest.
     check(ProbeProxy(real, OLD_FORM), OLD_FORM, lib, old=True)
     assert len(real.calls) == 2
     assert isaprobe.counts()["run"] == 1 and isaprobe.counts()["reused"] == 0
+
+
+def test_records_of_two_kinds_of_machine_live_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = CountingSubprocess()
+    lib = library(tmp_path)
+    check(ProbeProxy(real, OLD_FORM), OLD_FORM, lib, old=True)
+    with monkeypatch.context() as mp:
+        mp.setattr(isaprobe, "_cpu_flags", lambda: "avx2 fma sse4_2")
+        isaprobe.reset_counts()
+        check(ProbeProxy(real, OLD_FORM), OLD_FORM, lib, old=True)
+    assert len(list(tmp_path.rglob("*" + MARKER_SUFFIX))) == 2
+    isaprobe.reset_counts()  # back on the first kind: its record is still there
+    check(ProbeProxy(real, OLD_FORM), OLD_FORM, lib, old=True)
+    assert len(real.calls) == 2 and isaprobe.counts()["reused"] == 1
 
 
 @pytest.mark.parametrize("old", [True, False], ids=["check_call", "run"])
@@ -179,7 +199,7 @@ def test_a_failed_check_is_never_recorded_nor_skipped(tmp_path: Path, old: bool)
     lib = library(tmp_path)
     argv = [sys.executable, "-c", "import sys; sys.exit(3)  # " + template.replace("__lib_path__", lib)]
     result = ProbeProxy(real, "import sys; sys.exit(3)  # " + template).run(argv)
-    assert result.returncode == 3 and not Path(lib + MARKER_SUFFIX).exists()
+    assert result.returncode == 3 and not list(tmp_path.rglob("*" + MARKER_SUFFIX))
 
 
 @pytest.mark.parametrize("argv", [
@@ -204,7 +224,8 @@ def test_other_calls_pass_through_untouched(tmp_path: Path, argv: Any) -> None:
     for _ in range(2):
         assert proxy.check_call(argv(lib), cwd="/") == 0
     assert len(real.calls) == 2
-    assert not Path(lib + MARKER_SUFFIX).exists() and isaprobe.counts() == {"reused": 0, "run": 0, "recorded": 0}
+    assert not list(tmp_path.rglob("*" + MARKER_SUFFIX))
+    assert isaprobe.counts() == {"reused": 0, "run": 0, "recorded": 0}
     assert proxy.DEVNULL is subprocess.DEVNULL and proxy.TimeoutExpired is subprocess.TimeoutExpired
 
 
@@ -284,9 +305,9 @@ def test_a_temporary_record_never_travels_and_a_record_does(tmp_path: Path) -> N
     lib = library(tmp_path)
     before = root.snapshot()
     check(ProbeProxy(CountingSubprocess(), OLD_FORM), OLD_FORM, lib, old=True)
-    Path(tmp_path, "ab", f".cabcdef.so{MARKER_SUFFIX}.1.2.tmp").write_text("{}")  # one left by a killed writer
+    Path(tmp_path, "ab", f".{marker(lib).name}.1.2.tmp").write_text("{}")  # one left by a killed writer
     entries, skipped = root.collect(before)
-    assert [e.name for e in entries] == [f"ab/cabcdef.so{MARKER_SUFFIX}"] and skipped == []
+    assert [e.name for e in entries] == [f"ab/{marker(lib).name}"] and skipped == []
 
 
 # --- real torch -----------------------------------------------------------------------------------------------
