@@ -436,23 +436,33 @@ def bucket_bytes(s3: S3, bucket: str) -> tuple[int, int]:
     return len(sizes), sum(sizes)
 
 
-def bench_xdist(runner: Runner, wl: Workload, rep: int, base: Path, workers: int) -> list[Run]:
-    """cold then warm with ``-n workers``, into and from a bucket of their own."""
-    bucket = runner.s3.create_bucket(f"bench-{wl.name.lower()}-r{rep}-x{workers}-{os.getpid()}")
+def bench_xdist(runner: Runner, wl: Workload, rep: int, base: Path, workers: int,
+                serial_bucket: str | None = None) -> list[Run]:
+    """cold then warm with ``-n workers``, into and from a bucket of their own; with ``serial_bucket`` (cold-xdist
+    skipped), only warm, from the bucket the serial cold and warm runs filled."""
     args = ["-n", str(workers)]
-    cold = runner.run(wl, "cold-xdist", rep, base / "cold-xdist", bucket=bucket, extra=args)
-    if not cold.ok:
-        return [cold, Run(wl.name, "warm-xdist", rep, error="not run: the cold-xdist run failed")]
+    runs: list[Run] = []
+    if serial_bucket is None:
+        bucket = runner.s3.create_bucket(f"bench-{wl.name.lower()}-r{rep}-x{workers}-{os.getpid()}")
+        cold = runner.run(wl, "cold-xdist", rep, base / "cold-xdist", bucket=bucket, extra=args)
+        if not cold.ok:
+            return [cold, Run(wl.name, "warm-xdist", rep, error="not run: the cold-xdist run failed")]
+        runs.append(cold)
+    else:
+        bucket = serial_bucket
     objects, stored = bucket_bytes(runner.s3, bucket)
-    cold.extra = {"bucket_objects": objects, "bucket_bytes": stored}
+    if runs:
+        runs[0].extra = {"bucket_objects": objects, "bucket_bytes": stored}
     warm = runner.run(wl, "warm-xdist", rep, base / "warm-xdist", bucket=bucket, extra=args)
     # Bytes fetched over bytes stored: 1.0 when the controller downloaded each object once for all workers.
     warm.extra = {"bucket_objects": objects, "bucket_bytes": stored,
                   "downloads": warm.bytes_moved / stored if warm.bytes_moved is not None and stored else None}
-    return [cold, warm]
+    return [*runs, warm]
 
 
-SKIPPABLE = ("hot", "naive")  # modes a time-limited run may leave out (plain, cold and warm make the main ratios)
+# Modes a time-limited run may leave out (plain, cold and warm make the main ratios). Without cold-xdist, warm-xdist
+# restores from the serial runs' bucket (what the serial cold run uploaded, and anything the serial warm run added).
+SKIPPABLE = ("hot", "naive", "cold-xdist")
 
 
 def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threads: bool,
@@ -463,7 +473,7 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
     populated: str | None = None
     skipped = frozenset(skip)
     modes = ["cold", "warm", *(["warm-auto", "warm-keep"] if threads else []),
-             *(m for m in ("hot", "naive") if m not in skipped), *(["cold-xdist", "warm-xdist"] if xdist else [])]
+             *(m for m in ("hot", "naive") if m not in skipped), *(m for m in ("cold-xdist", "warm-xdist") if xdist and m not in skipped)]
 
     def record(r: Run) -> Run:
         runs.append(r)
@@ -509,7 +519,7 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
             naive.restore_seconds = pack["pack_seconds"] + unpack_seconds
             record(naive)
         if xdist:
-            for r in bench_xdist(runner, wl, rep, base, xdist):
+            for r in bench_xdist(runner, wl, rep, base, xdist, bucket if "cold-xdist" in skipped else None):
                 record(r)
     return runs, populated
 

@@ -7,7 +7,8 @@
 # and triton's versions and the GPUs.
 mkdir -p /tmp/site
 if [ -d .whl ] && [ "${NO_WHEELS:-0}" != 1 ]; then
-  python3 -m pip install -q --no-index --find-links .whl --target /tmp/site "moto[server]" boto3 zstandard 2>&1 | tail -2
+  # --no-deps: .whl/ holds only what the image lacks (its sympy, jinja2, ... stay torch's), as the device README says
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 fi
 export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts
 megacache_site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
