@@ -473,7 +473,8 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
     populated: str | None = None
     skipped = frozenset(skip)
     modes = ["cold", "warm", *(["warm-auto", "warm-keep"] if threads else []),
-             *(m for m in ("hot", "naive") if m not in skipped), *(m for m in ("cold-xdist", "warm-xdist") if xdist and m not in skipped)]
+             *(m for m in ("hot", "naive") if m not in skipped),
+             *(m for m in ("cold-xdist", "warm-xdist") if xdist and m not in skipped)]
 
     def record(r: Run) -> Run:
         runs.append(r)
