@@ -129,3 +129,39 @@ def test_skipped_modes_are_not_run_and_every_run_is_logged_as_it_finishes(bench:
     lines, summary = bench.workload_tables(wl, runs_, 2)
     assert summary["ratios"]["cold/plain wall"] == pytest.approx(0.5)
     assert not [line for line in lines if line.startswith(("| hot", "| naive"))]
+
+
+def test_without_cold_xdist_the_warm_xdist_run_restores_from_the_serial_bucket(bench: ModuleType,
+                                                                               tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    asked: list[tuple[str, object]] = []
+    created: list[str] = []
+
+    class FakeRunner(bench.Runner):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            self.s3 = SimpleNamespace(create_bucket=lambda name: created.append(name) or name,
+                                      objects=lambda bucket: [("a.mcb", 100), ("b.mcb", 300)])
+            self.progress_file = tmp_path / "runs.jsonl"
+
+        def plain(self, wl: object, repeat: int, root: Path) -> object:
+            return bench.Run("wl", "plain", repeat, ok=True, wall=10.0)
+
+        def run(self, wl: object, mode: str, repeat: int, root: Path, **kw: object) -> object:
+            asked.append((mode, kw.get("bucket")))
+            return bench.Run("wl", mode, repeat, ok=True, wall=5.0, compile_seconds=1.0, fx_hit=0, fx_miss=0,
+                             aot_hit=0, aot_miss=0, bytes_moved=400)
+
+    wl = bench.Workload("wl", ROOT, [], ROOT / "pyproject.toml", "cpu")
+    runs_, _ = bench.bench_workload(FakeRunner(), wl, 1, tmp_path / "work", threads=False, xdist=2,
+                                    skip=["hot", "naive", "cold-xdist"])
+    assert [r.mode for r in runs_] == ["plain", "cold", "warm", "warm-xdist"]
+    assert len(created) == 1  # no bucket of the xdist pair's own
+    assert asked == [("cold", created[0]), ("warm", created[0]), ("warm-xdist", created[0])]
+    assert runs_[-1].extra["downloads"] == pytest.approx(1.0)
+    # With cold-xdist, the pair gets its bucket and the warm run restores from that one.
+    asked.clear(), created.clear()
+    runs_, _ = bench.bench_workload(FakeRunner(), wl, 1, tmp_path / "work2", threads=False, xdist=2,
+                                    skip=["hot", "naive"])
+    assert [r.mode for r in runs_] == ["plain", "cold", "warm", "cold-xdist", "warm-xdist"]
+    assert len(created) == 2 and asked[-2:] == [("cold-xdist", created[1]), ("warm-xdist", created[1])]
