@@ -77,7 +77,7 @@ XDIST_WARM_TARGET = 1.0  # a warm -n N run against a warm serial one (session wa
 # One color per phase of the plugin's per-process times (pytest_megacache.report.PHASES), and the exit, measured
 # from outside.
 PHASE_COLORS = {"startup": "#95a5a6", "collect": "#bdc3c7", "imports": "#7f8c8d", "restore_wait": "#e67e22",
-                "load": "#f39c12", "dynamo": "#8e44ad", "backend": "#c0392b", "backward": "#e74c3c",
+                "load": "#f39c12", "dynamo": "#8e44ad", "backend": "#c0392b", "isa_check": "#f1948a", "backward": "#e74c3c",
                 "compile_other": "#d35400", "tests": "#27ae60", "finish": "#2980b9", "exit": "#34495e"}
 IDLE_TARGET_MS = 100.0
 MODE_COLORS = {"plain": "#7f8c8d",

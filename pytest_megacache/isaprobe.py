@@ -32,12 +32,13 @@ import platform
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["MARKER_SUFFIX", "MODULE", "ProbeProxy", "arm", "counts", "disarm", "install", "loader_identity",
-           "marker_path", "record", "reset_counts", "reusable", "uninstall"]
+__all__ = ["MARKER_SUFFIX", "MODULE", "ProbeProxy", "arm", "check_seconds", "counts", "disarm", "install",
+           "loader_identity", "marker_path", "record", "reset_counts", "reusable", "uninstall"]
 
 MODULE = "torch._inductor.cpu_vec_isa"
 PLACEHOLDER = "__lib_path__"  # where torch's template takes the library's path
@@ -53,6 +54,7 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 _lock = threading.Lock()
 _counts = {"reused": 0, "run": 0, "recorded": 0}
+_seconds = [0.0]  # wall seconds spent in the load checks seen: torch's own runs, and taking a record instead
 _identities: dict[str, str] = {}  # template -> loader_identity(template), once per process
 
 
@@ -62,17 +64,26 @@ def counts() -> dict[str, int]:
         return dict(_counts)
 
 
+def check_seconds() -> float:
+    """Wall seconds this process spent in torch's load checks (run by torch, or taken from a record), on every
+    thread together: the per-process table shows them as their own phase (report.ProcessTimes.isa_check)."""
+    with _lock:
+        return _seconds[0]
+
+
 def reset_counts() -> None:
-    """Zero the counts and forget the loader identity (a new session may run in the same process)."""
+    """Zero the counts and seconds and forget the loader identity (a new session may run in the same process)."""
     with _lock:
         for name in _counts:
             _counts[name] = 0
+        _seconds[0] = 0.0
         _identities.clear()
 
 
-def _count(name: str) -> None:
+def _count(name: str, seconds: float = 0.0) -> None:
     with _lock:
         _counts[name] += 1
+        _seconds[0] += seconds
 
 
 # --- what the check's result depends on ---------------------------------------------------------------------
@@ -248,15 +259,22 @@ class ProbeProxy:
 
     def _call(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
               on_hit: Callable[[list[Any]], Any], succeeded: Callable[[Any], bool]) -> Any:
+        start = time.perf_counter()
         try:
             library = self._library(args, kwargs)
             if library is not None and reusable(library, self._template):
-                _count("reused")
+                _count("reused", time.perf_counter() - start)
                 return on_hit(list(args[0] if args else kwargs["args"]))
         except Exception:  # noqa: BLE001 - any doubt: torch runs its check
             library = None
-        if library is not None:
-            _count("run")
+        try:
+            return self._run(real, args, kwargs, library, succeeded)
+        finally:
+            if library is not None:
+                _count("run", time.perf_counter() - start)
+
+    def _run(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], library: str | None,
+             succeeded: Callable[[Any], bool]) -> Any:
         result = real(*args, **kwargs)  # torch's own check; its exceptions are torch's
         if library is not None:
             try:

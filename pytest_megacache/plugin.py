@@ -230,9 +230,15 @@ class Role:
             t.dynamo, t.backend, t.backward = (round(adapter.split[k], 4) for k in ("dynamo", "backend", "backward"))
             compiled = max(adapter.compile_seconds, t.dynamo + t.backend + t.backward)
             t.compile_other = max(0.0, adapter.compile_seconds - (t.dynamo + t.backend + t.backward))
+        # torch's vector-ISA load checks (isaprobe saw them): inside the backend's seconds when a compile ran them
+        # (the first CPU graph), else inside a test's; their own phase, taken out of whichever held them.
+        t.isa_check = round(isaprobe.check_seconds(), 4)
+        in_backend = min(t.isa_check, t.backend)
+        t.backend -= in_backend
+        isa_elsewhere = t.isa_check - in_backend
         if self.session is not None and self.session.load_stats.called:
             t.load = self.session.load_stats.seconds
-        t.tests = max(0.0, run_end - collected - waited - t.load - compiled - imported_in_tests)
+        t.tests = max(0.0, run_end - collected - waited - t.load - compiled - imported_in_tests - isa_elsewhere)
         t.total = (t.startup or 0.0) + now - self.started
         return t
 

@@ -134,12 +134,14 @@ class ProcessTimes:
     The phases do not overlap and, with ``startup``, add up to the process's life until its report: startup
     (process start to the plugin's configure: the interpreter, pytest, plugins and the first conftests, which
     often import torch), collect (to the end of collection: test modules), imports (torch's, when the plugin saw
-    it, and torch._dynamo's, which the first ``torch.compile`` pulls in, wherever they happened), restore_wait (blocked on the
-    restore), load (``load_cache_artifacts``), the compile split by torch's own timings (dynamo: tracing,
-    guards, bytecode; backend: AOTAutograd and Inductor for forward graphs, cache lookups and kernel builds
-    included; backward: lazily compiled backward graphs; compile_other: the rest of the compile callbacks'
-    time), tests (the rest of running the tests) and finish (collecting and uploading, or handing over). Only
-    the interpreter's exit (atexit, Inductor's compile pool) is left: whoever started the process measures it.
+    it, and torch._dynamo's, which the first ``torch.compile`` pulls in, wherever they happened), restore_wait
+    (blocked on the restore), load (``load_cache_artifacts``), the compile split by torch's own timings (dynamo:
+    tracing, guards, bytecode; backend: AOTAutograd and Inductor for forward graphs, cache lookups and kernel
+    builds included; isa_check: torch's CPU vector-ISA load checks, which run inside the first CPU compile, taken
+    out of backend (isaprobe; 0 with the reuse off); backward: lazily compiled backward graphs; compile_other:
+    the rest of the compile callbacks' time), tests (the rest of running the tests) and finish (collecting and
+    uploading, or handing over). Only the interpreter's exit (atexit, Inductor's compile pool) is left: whoever
+    started the process measures it.
     """
 
     process: str = "main"
@@ -150,6 +152,7 @@ class ProcessTimes:
     load: float = 0.0
     dynamo: float = 0.0
     backend: float = 0.0
+    isa_check: float = 0.0
     backward: float = 0.0
     compile_other: float = 0.0
     tests: float = 0.0

@@ -83,11 +83,15 @@ def test_a_successful_check_runs_once_then_is_taken_from_its_record(tmp_path: Pa
     first = check(ProbeProxy(real, template), template, lib, old=old)
     assert len(real.calls) == 1 and marker(lib).is_file()
     assert isaprobe.counts() == {"reused": 0, "run": 1, "recorded": 1}
+    ran = isaprobe.check_seconds()
+    assert ran > 0  # a child process's seconds: the per-process table's isa_check phase
     # A new process (a new proxy, the identity computed again): the record stands for the check.
     isaprobe.reset_counts()
+    assert isaprobe.check_seconds() == 0.0
     second = check(ProbeProxy(real, template), template, lib, old=old)
     assert len(real.calls) == 1  # no child this time
     assert isaprobe.counts() == {"reused": 1, "run": 0, "recorded": 0}
+    assert 0 < isaprobe.check_seconds() < ran  # reading a record and hashing a library, no child
     if old:
         assert first == second == 0
     else:

@@ -60,7 +60,7 @@ def graphs(path: Path) -> list[dict[str, object]]:
 
 def test_independent_tests_compile_the_same_graphs_off_cold_and_warm(pytester: pytest.Pytester, tmp_path: Path) -> None:
     project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=SHAPES)
-    seen, isa, checks = {}, {}, {}
+    seen, isa, checks, isa_seconds = {}, {}, {}, {}
     for name, args in (("off", ("-p", "no:megacache")), ("cold", ()), ("warm", ())):
         out = tmp_path / f"{name}.jsonl"
         run = project.run(*args, env={"GRAPHS_OUT": str(out)})
@@ -68,6 +68,7 @@ def test_independent_tests_compile_the_same_graphs_off_cold_and_warm(pytester: p
         seen[name] = graphs(out)
         isa[name] = json.loads(Path(f"{out}.isa").read_text())
         checks[name] = (run.report or {}).get("torch", {}).get("isa_checks")
+        isa_seconds[name] = [p["isa_check"] for p in (run.report or {}).get("processes", [])]
         if name == "warm":
             assert run.fx_hits == 2 and run.fx_misses == 0, run.counters  # the warm path really ran
     assert len(seen["off"]) == 2
@@ -79,6 +80,8 @@ def test_independent_tests_compile_the_same_graphs_off_cold_and_warm(pytester: p
     if isa["off"]["valid"]:
         assert checks["cold"]["run"] >= 1 and checks["cold"]["recorded"] == checks["cold"]["run"], checks
         assert checks["warm"] == {"reused": checks["cold"]["run"]}, checks
+        # Their seconds are a phase of their own in the per-process times: a child per check cold, records warm.
+        assert isa_seconds["cold"][0] > isa_seconds["warm"][0] > 0, isa_seconds
     else:  # a CPU without a vector ISA torch knows: nothing to check
         assert checks["cold"] == checks["warm"] == {}, checks
 
