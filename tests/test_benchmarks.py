@@ -49,6 +49,8 @@ def test_ratios_are_of_medians_and_targets_are_checked(bench: ModuleType) -> Non
     assert "| warm/cold compile | 0.100 | <= 0.2 (cpu) | PASS |" in text
     assert "| 1.000 | 1 (one download for all workers) | PASS |" in text
     assert "| cold | 3/3 | 55.00 [45.00-65.00] | 50.00 [40.00-60.00] |" in text
+    assert ratios["warm/cold wall"] == pytest.approx(10 / 55)
+    assert "| warm/cold session wall | 0.182 | - | - |" in text  # no wall target on CPU
 
 
 def test_workers_downloading_on_their_own_fail_the_xdist_check(bench: ModuleType) -> None:
@@ -58,6 +60,7 @@ def test_workers_downloading_on_their_own_fail_the_xdist_check(bench: ModuleType
     text = "\n".join(lines)
     assert "| 2.000 | 1 (one download for all workers) | MISS |" in text
     assert "| warm/cold compile | 0.100 | <= 0.05 (cuda) | MISS |" in text  # the GPU bound is the tighter one
+    assert "| warm/cold session wall | 0.182 | <= 0.2 (cuda) | PASS |" in text
 
 
 def test_synthetic_functions_are_distinct_graphs(bench: ModuleType) -> None:
