@@ -371,7 +371,9 @@ class Compiling(Role):
         self.adapter.install()
         if self.settings.reuse_isa_check:
             with self.contained("arming the vector-ISA check's reuse"):
-                self._isa_hook = isaprobe.arm(self._isa_not_armed)
+                self._isa_hook = isaprobe.arm(self._isa_not_armed)  # zeroes the counts and seconds
+        else:
+            isaprobe.reset_counts()  # no counts or seconds from an earlier session in this process (pytester)
         self.strict_wait()
         if self.settings.precompile:
             # torch looks a precompile entry up when torch.compile() wraps a function (at import, for a decorator),
