@@ -5,7 +5,8 @@
 # restores both objects. Each run logs Inductor's run-time tuning at DEBUG
 # ("Save heuristic|coordesc tuning result", "COORDESC:" benchmarks) and the Triton kernels it built; after each
 # run every .best_config file is listed with a digest of its content, so a run that wrote an entry again, or a
-# new one beside it, shows up in the diff against the cold run's. Writes under $OUT.
+# new one beside it, shows up in the diff against the cold run's. SAME_PATH=1 (default) adds a warm run at the cold
+# run's own paths (its directories moved away first), as a CI job with a fixed cache directory has. Writes under $OUT.
 set -u
 OUT=${OUT:-/tmp/coordesc-probe}
 mkdir -p "$OUT"; T=$(mktemp -d)
@@ -26,7 +27,15 @@ one() {  # name, dirs, plugin args...
 }
 one cold cold $PLUGIN_ON --megacache-dir="$T/store"
 one hot cold $PLUGIN_OFF
+if [ "${SAME_PATH:-1}" = 1 ]; then
+  # A fresh runner with the cold run's paths (what a CI job with a fixed cache directory is): the cold run's
+  # directories moved away, the same paths restored by the plugin (read-only: the store keeps the cold object only).
+  mv "$T/cold" "$T/cold-kept"
+  one warm-same-path cold $PLUGIN_ON --megacache-dir="$T/store" --megacache-mode=read
+  rm -rf "$T/cold"; mv "$T/cold-kept" "$T/cold"
+  later="hot warm-same-path"
+fi
 one warm warm $PLUGIN_ON --megacache-dir="$T/store"
 one warm2 warm2 $PLUGIN_ON --megacache-dir="$T/store" --megacache-mode=read
 echo "== .best_config entries that differ from the cold run's (< cold, > the later run):"
-for r in hot warm warm2; do echo "-- $r"; diff "$OUT/cold-best.txt" "$OUT/$r-best.txt" | grep '^[<>]' | cut -c1-400; done
+for r in ${later:-hot} warm warm2; do echo "-- $r"; diff "$OUT/cold-best.txt" "$OUT/$r-best.txt" | grep '^[<>]' | cut -c1-400; done
