@@ -268,21 +268,17 @@ class ProbeProxy:
         except Exception:  # noqa: BLE001 - any doubt: torch runs its check
             library = None
         try:
-            return self._run(real, args, kwargs, library, succeeded)
+            result = real(*args, **kwargs)  # torch's own check; its exceptions are torch's
+            if library is not None:
+                try:
+                    if succeeded(result) and record(library, self._template):
+                        _count("recorded")
+                except Exception:  # noqa: BLE001
+                    pass
+            return result
         finally:
             if library is not None:
                 _count("run", time.perf_counter() - start)
-
-    def _run(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], library: str | None,
-             succeeded: Callable[[Any], bool]) -> Any:
-        result = real(*args, **kwargs)  # torch's own check; its exceptions are torch's
-        if library is not None:
-            try:
-                if succeeded(result) and record(library, self._template):
-                    _count("recorded")
-            except Exception:  # noqa: BLE001
-                pass
-        return result
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(self._real.run, args, kwargs, lambda argv: self._real.CompletedProcess(argv, 0),
@@ -317,8 +313,6 @@ def arm(on_problem: Callable[[str], None]) -> Any:
     """Install now if torch's ``cpu_vec_isa`` is imported, else when it is. Returns the import hook to remove
     (or None). ``on_problem`` hears why it could not be installed."""
     from .torch_adapter import PostImportHook
-
-    reset_counts()
 
     def after(module: ModuleType) -> None:
         try:

@@ -369,11 +369,10 @@ class Compiling(Role):
             self._torch_hook = PostImportHook("torch", lambda _module: self.start_cache(), self.adapter.import_spans)
             sys.meta_path.insert(0, self._torch_hook)
         self.adapter.install()
+        isaprobe.reset_counts()  # this session's checks only (an earlier one may have run in this process: pytester)
         if self.settings.reuse_isa_check:
             with self.contained("arming the vector-ISA check's reuse"):
-                self._isa_hook = isaprobe.arm(self._isa_not_armed)  # zeroes the counts and seconds
-        else:
-            isaprobe.reset_counts()  # no counts or seconds from an earlier session in this process (pytester)
+                self._isa_hook = isaprobe.arm(self._isa_not_armed)
         self.strict_wait()
         if self.settings.precompile:
             # torch looks a precompile entry up when torch.compile() wraps a function (at import, for a decorator),
