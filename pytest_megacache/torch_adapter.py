@@ -188,7 +188,8 @@ class TorchAdapter:
             if ours not in callbacks:
                 callbacks.append(ours)
 
-    def _on_start(self, args: Any) -> None:
+    def _on_start(self, *args: Any) -> None:
+        # torch 2.7 calls compile-start callbacks without arguments; 2.8 and later pass one.
         self.compiles += 1
         with self._lock:
             first = not self.first_compile_seen
@@ -197,7 +198,7 @@ class TorchAdapter:
             self._on_first_compile()
         self._started = time.perf_counter()
 
-    def _on_end(self, args: Any) -> None:
+    def _on_end(self, *args: Any) -> None:
         if self._started is not None:
             self.compile_seconds += time.perf_counter() - self._started
             self._started = None
