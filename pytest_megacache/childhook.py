@@ -18,8 +18,9 @@ a child started with a cleared environment or ``python -S``; an interpreter that
 installed; a process that is not Python; a process that called :func:`disarm` (the plugin's own pytest
 processes, xdist workers included).
 
-Imports: the standard library only (and the package's ``__init__``), never torch, pytest or boto3; the exit handler
-reads ``torch._dynamo.utils`` only when it is already imported.
+Imports: the standard library only (``tempfile`` and ``shutil`` only when the parent creates and removes a spool),
+the package's ``__init__`` and :mod:`.fsutil` (which writes and reads the records), never torch, pytest or boto3; the
+exit handler reads ``torch._dynamo.utils`` only when it is already imported.
 
 A record holds counters and harmless identity only: pid, parent pid, and ``RANK`` / ``LOCAL_RANK`` /
 ``WORLD_SIZE`` when each is a small non-negative integer. Never argv, and no other environment value.
@@ -31,13 +32,12 @@ import atexit
 import json
 import math
 import os
-import shutil
-import stat
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .fsutil import Refused, read_regular, write_atomic
 
 __all__ = [
     "MAX_FILES",
@@ -89,14 +89,10 @@ MAX_SECONDS = 10.0**7
 # torch/_dynamo/convert_frame.py. Cleared by torch._dynamo.reset(), as torch's own compile_times() is.
 COMPILE_METRIC = "_compile.compile_inner"
 RANK_ENV = (("rank", "RANK"), ("local_rank", "LOCAL_RANK"), ("world_size", "WORLD_SIZE"))
-TEMP_PREFIX = "."  # a record being written: ".<pid>-<hex>.tmp", never read
+TEMP_PREFIX = "."  # a record being written: ".<pid>-<hex>.json.<pid>-<hex>.tmp" (fsutil.write_atomic), never read
 RECORD_SUFFIX = ".json"
 _INT_FIELDS = ("pid", "ppid", "compiles", "graphs")
 _KEYS = frozenset({"v", "compiled", "compile_seconds", "counters", *_INT_FIELDS, *(key for key, _ in RANK_ENV)})
-
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 _armed = False  # bootstrap() registered exit_handler
 _disarmed = False
@@ -148,7 +144,7 @@ def exit_handler(start_pid: int, start_ppid: int, spool: str) -> None:
         record["pid"], record["ppid"] = min(start_pid, MAX_PID), min(start_ppid, MAX_PID)
         data = json.dumps(record, sort_keys=True, allow_nan=False, separators=(",", ":")).encode("ascii")
         if len(data) <= MAX_RECORD_BYTES:
-            _write_atomically(spool, start_pid, data)
+            _write_record(spool, start_pid, data)
     except BaseException:  # noqa: BLE001
         pass
 
@@ -211,30 +207,10 @@ def _small_int(value: str | None) -> int | None:
     return n if n <= MAX_RANK else None
 
 
-def _write_atomically(spool: str, pid: int, data: bytes) -> None:
+def _write_record(spool: str, pid: int, data: bytes) -> None:
     # The session creates the spool and removes it at its end: a child outliving the session finds none and
     # writes nothing (creating it again would leave a directory behind that nobody reads).
-    stem = f"{pid}-{os.urandom(8).hex()}"
-    tmp = os.path.join(spool, f"{TEMP_PREFIX}{stem}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            for _ in range(64):  # a regular file takes it in one write; bounded all the same
-                if not view:
-                    break
-                view = view[os.write(fd, view):]
-            if view:
-                raise OSError("short write")
-        finally:
-            os.close(fd)
-        os.replace(tmp, os.path.join(spool, stem + RECORD_SUFFIX))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(os.path.join(spool, f"{pid}-{os.urandom(8).hex()}{RECORD_SUFFIX}"), data, mode=0o600)
 
 
 # --- the parent's side ------------------------------------------------------------------------------------------
@@ -303,6 +279,8 @@ class Spool:
     from now on, read back at the end, then removed and the variable put back as it was."""
 
     def __init__(self) -> None:
+        import tempfile  # the parent's side only: a child's exit imports this module without it
+
         self.path = tempfile.mkdtemp(prefix="megacache-children-")
         self._before = os.environ.get(SPOOL_ENV)
         os.environ[SPOOL_ENV] = self.path
@@ -317,6 +295,8 @@ class Spool:
                 del os.environ[SPOOL_ENV]
             else:
                 os.environ[SPOOL_ENV] = self._before
+        import shutil
+
         shutil.rmtree(self.path, ignore_errors=True)
 
 
@@ -351,30 +331,11 @@ def _shown(name: str) -> str:
 
 def _read(full: str) -> bytes:
     try:
-        if stat.S_ISLNK(os.lstat(full).st_mode):
-            raise _Reject("a symbolic link")
-        fd = os.open(full, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC)
+        return read_regular(full, MAX_RECORD_BYTES)
+    except Refused as exc:  # a symbolic link, not a regular file, larger than the cap
+        raise _Reject(str(exc)) from None
     except OSError as exc:
-        raise _Reject(f"cannot open ({type(exc).__name__})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _Reject("not a regular file")
-        if st.st_size > MAX_RECORD_BYTES:
-            raise _Reject(f"larger than {MAX_RECORD_BYTES} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_RECORD_BYTES:
-            chunk = os.read(fd, MAX_RECORD_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_RECORD_BYTES:
-            raise _Reject(f"larger than {MAX_RECORD_BYTES} bytes")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        raise _Reject(f"cannot read ({type(exc).__name__})") from None
 
 
 def _no_constants(name: str) -> Any:

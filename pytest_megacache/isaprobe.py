@@ -29,13 +29,14 @@ import hashlib
 import json
 import os
 import platform
-import stat
 import sys
 import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from .fsutil import read_regular, write_atomic
 
 __all__ = ["MARKER_SUFFIX", "MODULE", "ProbeProxy", "arm", "check_seconds", "counts", "disarm", "install",
            "loader_identity", "marker_path", "record", "reset_counts", "reusable", "uninstall"]
@@ -48,9 +49,6 @@ MAX_MARKER_BYTES = 4096
 MAX_LIBRARY_BYTES = 64 << 20  # the probe libraries are tens of KB
 # The loader's environment variables that change what a dlopen resolves (their values enter a hash, never a file).
 LOADER_ENV = ("LD_LIBRARY_PATH", "LD_PRELOAD", "LD_BIND_NOW", "PYTHONHOME", "PYTHONPATH")
-
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 _lock = threading.Lock()
 _counts = {"reused": 0, "run": 0, "recorded": 0}
@@ -150,35 +148,19 @@ def _identity_for(template: str) -> str:
 
 
 def _library_digest(path: str) -> tuple[str, int] | None:
-    """SHA-256 and size of a regular file (no link), or None."""
+    """SHA-256 and size of a regular file (no link) of at most MAX_LIBRARY_BYTES, or None."""
     try:
-        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
-    except OSError:
+        data = read_regular(path, MAX_LIBRARY_BYTES)
+    except OSError:  # missing, a link, not a regular file, too large
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_LIBRARY_BYTES:
-            return None
-        digest = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):
-            digest.update(chunk)
-        return digest.hexdigest(), st.st_size
-    finally:
-        os.close(fd)
+    return hashlib.sha256(data).hexdigest(), len(data)
 
 
 def _read_marker(path: str) -> dict[str, Any] | None:
     try:
-        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+        data = read_regular(path, MAX_MARKER_BYTES)
     except OSError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MARKER_BYTES:
-            return None
-        data = os.read(fd, MAX_MARKER_BYTES + 1)
-    finally:
-        os.close(fd)
     try:
         marker = json.loads(data.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
@@ -213,20 +195,9 @@ def record(library: str, template: str) -> bool:
     if expected is None:
         return False
     data = json.dumps(expected, sort_keys=True).encode("ascii")
-    folder, name = os.path.split(marker_path(library, template))
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, os.path.join(folder, name))
+        write_atomic(marker_path(library, template), data)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return False
     return True
 

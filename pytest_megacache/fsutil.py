@@ -1,0 +1,135 @@
+"""Small files written whole or not at all, and read only when they are what they claim to be.
+
+:func:`write_atomic` writes a file as a temporary file beside it (``.<name>.<pid>-<random>.tmp``, created with
+``O_EXCL`` and without following a link) that is renamed into place, so a reader sees the old file, the new one or
+none, never a part; the temporary file is removed on any failure. With ``replace=False`` an existing name is never
+overwritten (a hard link that fails when the name is taken), for writers that race each other into one directory.
+
+:func:`read_regular` reads a whole regular file of at most ``max_bytes``: never through a symbolic link, never
+blocking on a FIFO, never reading past the cap (a file that grows while it is read is refused too). What it will not
+read raises :class:`Refused` (an ``OSError``) with a short fixed reason that holds nothing of the file's content.
+
+Imports ``os``, ``stat`` and ``errno`` only (loaded at every interpreter start): the child processes' exit hook
+(:mod:`.childhook`) writes its record with it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+__all__ = ["Refused", "TooLarge", "read_regular", "write_atomic"]
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
+_TEMP_NAME_CHARS = 64  # of the target's name in the temporary file's (a long name must not make it too long)
+_READ_CHUNK = 1 << 20
+
+
+class Refused(OSError):
+    """A file :func:`read_regular` does not read: a symbolic link, not a regular file, or larger than the cap.
+    ``str()`` is the reason alone ("a symbolic link", "not a regular file", "larger than N bytes")."""
+
+
+class TooLarge(Refused):
+    """A file over the cap; ``size`` is the size seen (at least ``max_bytes + 1``)."""
+
+    def __init__(self, max_bytes: int, size: int) -> None:
+        super().__init__(f"larger than {max_bytes} bytes")
+        self.max_bytes = max_bytes
+        self.size = size
+
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """The whole content of the regular file at ``path``, at most ``max_bytes`` long.
+
+    Raises :class:`Refused` for a symbolic link (also one swapped in between the check and the open), anything that
+    is not a regular file (a FIFO is opened without blocking and refused) and a file over ``max_bytes``
+    (:class:`TooLarge`); other ``OSError`` as the system raises it (``FileNotFoundError``, ``PermissionError``)."""
+    full = os.fspath(path)
+    if stat.S_ISLNK(os.lstat(full).st_mode):
+        raise Refused("a symbolic link")
+    try:
+        fd = os.open(full, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC | _O_BINARY)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: the last part became a link after lstat
+            raise Refused("a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused("not a regular file")
+        if st.st_size > max_bytes:
+            raise TooLarge(max_bytes, st.st_size)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(max_bytes + 1 - size, _READ_CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:  # it grew after fstat
+            raise TooLarge(max_bytes, size)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None, replace: bool = True,
+                 fsync: bool = False) -> bool:
+    """Write ``data`` as the file ``path``, whole or not at all; True when written.
+
+    ``mode``: the file's permission bits, exactly (the umask does not apply; the file is private until then), or
+    None for what ``open()`` creates (0o666 less the umask). ``replace=False``: leave an existing ``path`` (even a
+    dangling link) as it is and return False. ``fsync``: flush the data to disk before the rename. The directory
+    must exist. Raises ``OSError`` (a full disk, no permission); whatever is raised, even a ``BaseException``, the
+    temporary file is gone and ``path`` is as it was."""
+    target = os.fspath(path)
+    folder, name = os.path.split(target)
+    if not name:
+        raise ValueError(f"not a file name: {target!r}")
+    tmp = os.path.join(folder, f".{name[:_TEMP_NAME_CHARS]}.{os.getpid()}-{os.urandom(6).hex()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC | _O_BINARY
+    fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)
+    renamed = False
+    try:
+        try:
+            if mode is not None:
+                if hasattr(os, "fchmod"):
+                    os.fchmod(fd, mode)
+                else:  # pragma: no cover - Windows before Python 3.13
+                    os.chmod(tmp, mode)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.EIO, "short write", tmp)
+                view = view[written:]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if replace:
+            os.replace(tmp, target)
+            renamed = True
+            return True
+        try:
+            os.link(tmp, target)  # fails if the name is taken: a concurrent writer's file stays
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: rename, unless the name is taken by now
+            if os.path.lexists(target):
+                return False
+            os.replace(tmp, target)
+            renamed = True
+        return True
+    finally:
+        if not renamed:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
