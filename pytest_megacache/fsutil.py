@@ -66,12 +66,14 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int) -> bytes:
             raise TooLarge(max_bytes, st.st_size)
         chunks: list[bytes] = []
         size = 0
+        want = max(st.st_size + 1, _READ_CHUNK)  # the whole file in one read, as a rule (one copy in memory)
         while size <= max_bytes:
-            chunk = os.read(fd, min(max_bytes + 1 - size, _READ_CHUNK))
+            chunk = os.read(fd, min(max_bytes + 1 - size, want))
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
+            want = _READ_CHUNK
         if size > max_bytes:  # it grew after fstat
             raise TooLarge(max_bytes, size)
         return b"".join(chunks)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import StoreError, redact_cut
+from .fsutil import TooLarge, read_regular, write_atomic
 from .layout import OBJECT_SUFFIX, valid_object_name, valid_segment
 
 if TYPE_CHECKING:
@@ -134,7 +134,8 @@ class MemoryStore:
 
 
 class LocalDirStore:
-    """Objects as files under ``root/folder/``; writes are temp file + ``os.replace``."""
+    """Objects as files under ``root/folder/``, written atomically and never over one another
+    (:func:`.fsutil.write_atomic`), read without following a link (:func:`.fsutil.read_regular`)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -158,52 +159,43 @@ class LocalDirStore:
             raise StoreError(f"cannot list {path}: {exc.strerror or exc}", "io") from exc
         return sorted(out, key=lambda o: o.name)
 
-    def _read(self, folder: str, name: str, max_bytes: int | None, nbytes: int = -1) -> bytes | None:
-        """The object (refused over ``max_bytes``), or its first ``nbytes``; None if it is gone."""
+    def _object(self, folder: str, name: str) -> Path:
         if not valid_object_name(name):
             raise StoreError(f"bad object name {name[:80]!r}")
-        path = self._dir(folder) / name
+        return self._dir(folder) / name
+
+    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
+        """The object, refused over ``max_bytes`` and when it is not a regular file (a link is not followed)."""
+        path = self._object(folder, name)
+        try:
+            return read_regular(path, max_bytes)
+        except FileNotFoundError:
+            return None
+        except TooLarge as exc:
+            raise StoreError(f"object {name} is {exc.size} bytes, over the limit of {max_bytes}", "too-large") from exc
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
+
+    def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
+        path = self._object(folder, name)
         try:
             with open(path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if max_bytes is not None and size > max_bytes:
-                    raise StoreError(f"object {name} is {size} bytes, over the limit of {max_bytes}", "too-large")
                 return fh.read(nbytes)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
 
-    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
-        return self._read(folder, name, max_bytes)
-
-    def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
-        return self._read(folder, name, None, nbytes)
-
     def put(self, folder: str, name: str, data: bytes) -> None:
-        if not valid_object_name(name):
-            raise StoreError(f"bad object name {name!r}")
-        path = self._dir(folder)
-        tmp = None
+        """Write a new object (flushed to disk, then renamed into place); one of that name already there stays."""
+        path = self._object(folder, name)
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            if (path / name).exists():
-                raise StoreError(f"object {name} already exists", "other")
-            os.replace(tmp, path / name)
-            tmp = None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            written = write_atomic(path, data, mode=0o600, replace=False, fsync=True)
         except OSError as exc:
-            raise StoreError(f"cannot write {path / name}: {exc.strerror or exc}", "io") from exc
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}", "io") from exc
+        if not written:
+            raise StoreError(f"object {name} already exists", "other")
 
     def delete(self, folder: str, name: str) -> None:
         if not valid_object_name(name):

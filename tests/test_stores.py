@@ -360,6 +360,41 @@ def test_dir_store_does_not_overwrite(tmp_path: Path) -> None:
     assert [p.name for p in folder.iterdir()] == [name(1)]
 
 
+def test_dir_store_does_not_overwrite_an_object_that_appears_while_it_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer's object lands just before this put moves its file into place: theirs stays."""
+    store = LocalDirStore(tmp_path)
+    folder = tmp_path.joinpath(*FOLDER.split("/"))
+
+    def racing(real: Callable[..., None]) -> Callable[..., None]:
+        def move(src: Any, dst: Any, **kw: Any) -> None:
+            if not (folder / name(1)).exists():
+                (folder / name(1)).write_bytes(b"theirs")
+            real(src, dst, **kw)
+        return move
+
+    monkeypatch.setattr(os, "link", racing(os.link))
+    monkeypatch.setattr(os, "replace", racing(os.replace))
+    with pytest.raises(StoreError, match="already exists"):
+        store.put(FOLDER, name(1), b"mine")
+    monkeypatch.undo()
+    assert store.get(FOLDER, name(1), max_bytes=10) == b"theirs"
+    assert [p.name for p in folder.iterdir()] == [name(1)]
+
+
+def test_dir_store_get_does_not_follow_a_link(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "store")
+    store.put(FOLDER, name(1), b"x")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not the store's")
+    folder = tmp_path.joinpath("store", *FOLDER.split("/"))
+    (folder / name(2)).symlink_to(secret)
+    with pytest.raises(StoreError) as info:
+        store.get(FOLDER, name(2), max_bytes=100)
+    assert info.value.kind == "io" and "a symbolic link" in str(info.value)
+    assert b"not the store's" not in str(info.value).encode()
+
+
 def test_memory_store_does_not_overwrite() -> None:
     store = MemoryStore()
     store.put(FOLDER, name(1), b"first")
