@@ -65,9 +65,10 @@ def merge(out: Path, paths: list[Path], plot: bool = False) -> dict[str, Any]:
     all_runs: list[Any] = []
     for name, (entry, runs) in workloads.items():
         wl = bench.Workload(name, bench.ROOT, list(entry.get("tests", [])), bench.ROOT / "pyproject.toml",
-                            entry.get("device", "cpu"))
+                            entry.get("device", "cpu"), bool(entry.get("children", False)))
         lines, summary = bench.workload_tables(wl, runs, repeats)
-        results["workloads"].append({"name": name, "device": wl.device, "tests": wl.args, **summary,
+        results["workloads"].append({"name": name, "device": wl.device, "tests": wl.args, "children": wl.children,
+                                     **summary,
                                      "runs": [r.__dict__ for r in runs]})
         all_runs += runs
         md += lines

@@ -1,5 +1,6 @@
 """The plugin with and without ``--megacache-precompile`` (torch's experimental Dynamo caching precompile), side by
-side on CPU, in one run. Every figure is measured here; nothing is a constant.
+side in one run: on CPU, or with ``--device cuda`` on the example project's GPU tests. Every figure is measured
+here; nothing is a constant.
 
 Modes, each a fresh ``pytest`` process on fresh TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR / TMPDIR (a fresh
 machine), interleaved repeat by repeat so that a slow spell of the machine hits every mode alike:
@@ -14,11 +15,12 @@ session wall, and from the plugin's JSON report (``--megacache-report``): ``torc
 ``torch/precompile`` artifacts were stored) and what the restore loaded. A failure is a finding, not a crash of
 this script: it is recorded and the table says so.
 
-    python benchmarks/precompile.py [--repeats 3] [--workload small|example|all] [--json PATH]
+    python benchmarks/precompile.py [--repeats 3] [--workload small|example|all] [--device cpu|cuda] [--json PATH]
 
 Workloads: ``small``, a generated CPU suite (pointwise, an MLP forward, an MLP training step checked against
 eager, a dynamic-shape function, two functions compiled in one test, a graph break); ``example``, the example
-project's CPU tests (``example_project``, ``tests -m "not gpu"``, run from inside it as benchmarks/run.py does).
+project's CPU tests (``example_project``, ``tests -m "not gpu"``, run from inside it as benchmarks/run.py does), or
+with ``--device cuda`` its GPU tests but the max-autotune one (``tests -m gpu -k "not autotune"``).
 """
 
 from __future__ import annotations
@@ -294,9 +296,10 @@ def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | N
     return run
 
 
-def make_workload(name: str, base: Path) -> Workload:
+def make_workload(name: str, base: Path, device: str = "cpu") -> Workload:
     if name == "example":
-        return Workload("example", EXAMPLE, ["tests", "-m", "not gpu"])
+        select = ["-m", "gpu", "-k", "not autotune"] if device == "cuda" else ["-m", "not gpu"]
+        return Workload("example", EXAMPLE, ["tests", *select])
     project = base / "small"
     project.mkdir()
     (project / "test_small.py").write_text(SMALL_WORKLOAD)
@@ -394,16 +397,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workload", choices=("small", "example", "all"), default="small")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the example project's GPU tests (the small workload is CPU only)")
     parser.add_argument("--json", type=Path, help="write every run's record here")
     parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "megacache-precompile-logs",
                         help="where the full output of failed pytest runs is kept (default: %(default)s)")
     opts = parser.parse_args()
     names = ["small", "example"] if opts.workload == "all" else [opts.workload]
+    if opts.device == "cuda" and names != ["example"]:
+        parser.error("--device cuda runs the example workload only: pass --workload example")
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="megacache-precompile-") as tmp:
         base = Path(tmp)
         for name in names:
-            wl = make_workload(name, base)
+            wl = make_workload(name, base, opts.device)
             runs += bench(wl, opts.repeats, base / f"work-{name}", opts.logs)
     for name in names:
         table(name, runs, opts.repeats)

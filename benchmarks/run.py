@@ -1,7 +1,7 @@
 """pytest-megacache benchmark: cold, warm, hot and naive runs side by side, in one command.
 
-    python benchmarks/run.py [--workload example synthetic] [--n 10 50 200] [--repeats 3]
-                             [--device cpu|cuda] [--out DIR] [--plot]
+    python benchmarks/run.py [--workload example mixed synthetic varied children ranks] [--n 10 50 200]
+                             [--repeats 3] [--device cpu|cuda] [--xdist N] [--out DIR] [--plot]
 
 Every figure is measured in this run; nothing is a constant. Each run is a fresh ``python -m pytest``
 process with its own fresh TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TMPDIR unless its mode says
@@ -20,6 +20,16 @@ otherwise:
 - cold-xdist / warm-xdist (``--xdist N``): cold and warm again with ``pytest -n N`` (pytest-xdist), into and
          from a bucket of their own: the controller restores once for all workers, so the warm run's bytes
          fetched should equal what the bucket holds (one download), not N times it.
+- warm-isa-off (``--isa-pair``): the warm run with ``--megacache-reuse-isa-check no``, every process running
+         torch's CPU vector-ISA load checks itself, as without the plugin.
+
+Workloads: ``example`` (example_project's CPU tests, or its GPU tests with ``--device cuda``), ``mixed`` (its CPU
+and GPU tests in one session), ``synthetic`` (N generated pointwise functions), ``varied`` (N small functions of 13
+kinds), ``children`` (a test whose only compile, a training step, runs in a child Python process) and ``ranks``
+(example_project's 2-rank DDP test, ranks started by ``torch.multiprocessing.spawn`` and by ``torchrun``; NCCL on
+two GPUs, else gloo on the CPU). In ``children`` and ``ranks`` the pytest process compiles nothing: their counters
+and compile seconds are the child processes' own records (the report's ``torch.children``), which need the package
+installed (its ``.pth`` file in site-packages).
 
 Also measured: the idle cost (a one-test session that compiles nothing, with the plugin vs
 ``-p no:megacache``) and the restore time of the same entries stored as 1 object vs 8 objects.
@@ -60,6 +70,8 @@ from varied import make_varied_project  # benchmarks/varied.py, beside this scri
 from pytest_megacache.report import PHASES  # noqa: E402 - the plugin's phases, from this checkout
 
 THREADS_FLAG = "--megacache-compile-threads"
+ISA_FLAG = "--megacache-reuse-isa-check"
+CHILD_PTH = "pytest_megacache_children.pth"  # installed with the package: child processes report their counters
 NAIVE_ZSTD_LEVEL = 3
 TAIL_CHARS = 4000
 # The example project's conftest logs each Triton compile in its processes to this file when the variable is set
@@ -72,7 +84,7 @@ WARM_COLD_TARGET = {"cuda": 0.05, "cpu": 0.2}
 WARM_HOT_TARGET = 1.10
 # A cold run with the plugin against plain pytest on the same machine (the plugin must not slow a cold run).
 COLD_PLAIN_TARGET = 1.05
-WARM_COLD_WALL_TARGET = 0.20  # GPU only (issue 15); on CPU the session wall has no target
+WARM_COLD_WALL_TARGET = 0.20  # GPU only; on CPU the session wall has no target
 MOVED_RAW_TARGET = 0.15
 XDIST_WARM_TARGET = 1.0  # a warm -n N run against a warm serial one (session wall)
 # One color per phase of the plugin's per-process times (pytest_megacache.report.PHASES), and the exit, measured
@@ -83,7 +95,8 @@ PHASE_COLORS = {"startup": "#95a5a6", "collect": "#bdc3c7", "imports": "#7f8c8d"
 IDLE_TARGET_MS = 100.0
 MODE_COLORS = {"plain": "#7f8c8d",
                "cold": "#c0392b", "warm": "#27ae60", "warm-auto": "#16a085", "warm-keep": "#1abc9c", "hot": "#2980b9",
-               "naive": "#8e44ad", "cold-xdist": "#e67e22", "warm-xdist": "#f1c40f"}  # one color per mode
+               "naive": "#8e44ad", "cold-xdist": "#e67e22", "warm-xdist": "#f1c40f",
+               "warm-isa-off": "#d98880"}  # one color per mode
 
 
 def say(message: str) -> None:
@@ -119,6 +132,9 @@ class Workload:
     args: list[str]  # pytest arguments selecting the tests
     ini: Path  # the workload's ini file (the idle run uses it so prefix and layout match)
     device: str
+    # The pytest process compiles nothing: the compiles happen in child processes, whose own records (the report's
+    # torch.children) give the counters and compile seconds.
+    children: bool = False
 
 
 # Pointwise ops that Inductor fuses into one kernel; each function picks a chain and bakes its own
@@ -170,6 +186,70 @@ def make_mixed(device: str) -> Workload:
     """The example project's CPU and GPU tests in one session (on ``cuda``; on ``cpu`` the GPU tests skip), without
     the 2-rank distributed test, whose wall is process start-up: a suite that compiles for both devices."""
     return Workload("mixed", EXAMPLE, ["tests", "-k", "not distributed"], EXAMPLE / "pyproject.toml", device)
+
+
+def make_ranks(device: str) -> Workload:
+    """The example project's 2-rank DDP + torch.compile test, the ranks started by ``torch.multiprocessing.spawn``
+    and by ``torchrun``: NCCL when two GPUs are present, gloo on the CPU otherwise (the test decides)."""
+    return Workload("ranks", EXAMPLE, ["tests/test_distributed.py"], EXAMPLE / "pyproject.toml", device, children=True)
+
+
+# A child process's compile: an MLP training step (forward and backward) under torch.compile, checked against eager.
+CHILD_SCRIPT = """\
+import sys
+
+import torch
+
+device = torch.device(sys.argv[1])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512),
+                            torch.nn.Linear(512, 64)).to(device)
+x = torch.randn(32, 256, device=device)
+
+
+def step(x):
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss
+
+
+expected = step(x).detach()
+model.zero_grad()
+torch.testing.assert_close(torch.compile(step)(x).detach(), expected, atol=1e-4, rtol=1e-4)
+"""
+
+CHILD_TEST = """\
+import subprocess
+import sys
+from pathlib import Path
+
+import torch  # the pytest process imports torch (the restore starts at collection) but compiles nothing
+
+DEVICE = {device!r}
+
+
+def test_a_training_step_compiled_in_a_child_process():
+    assert DEVICE == "cpu" or torch.cuda.is_available()
+    subprocess.run([sys.executable, str(Path(__file__).with_name("child_step.py")), DEVICE], check=True, timeout=900)
+"""
+
+
+def make_children(base: Path, device: str) -> Workload:
+    """A test whose only compile runs in a child Python process (``subprocess``): a training step on ``device``."""
+    project = base / "children"
+    project.mkdir(parents=True)
+    (project / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    ignore:Failed to initialize NumPy:UserWarning\n")
+    (project / "child_step.py").write_text(CHILD_SCRIPT)
+    (project / "test_children.py").write_text(CHILD_TEST.format(device=device))
+    return Workload("children", project, ["test_children.py"], project / "pytest.ini", device, children=True)
+
+
+def child_records_installed() -> bool:
+    """Whether this interpreter's site-packages hold the package's ``.pth`` (child processes report their counters)."""
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return any(Path(d, CHILD_PTH).is_file() for d in dirs)
 
 
 # --- running pytest --------------------------------------------------------------------------------
@@ -238,6 +318,9 @@ class Run:
     # kernels built (cache miss) and kernels Triton found in its cache; None where the workload has no listener
     triton_built: int | None = None
     triton_hits: int | None = None
+    # child processes that reported their own counters (the report's torch.children); for a workload whose compiles
+    # happen in children, the counters and compile seconds above are theirs, summed
+    children: int | None = None
 
 
 class Runner:
@@ -295,7 +378,7 @@ class Runner:
         r.triton_built, r.triton_hits = triton_events(root / TRITON_EVENTS_FILE)
         doc = _load_json(report)
         if doc is not None:
-            _fill_from_report(r, doc)
+            _fill_from_report(r, doc, from_children=wl.children)
         r.error = _failure(rc, doc, wl, mode)
         r.ok = r.error is None
         if not r.ok:
@@ -340,10 +423,19 @@ def _get(doc: Any, *path: str) -> Any:
     return doc
 
 
-def _fill_from_report(r: Run, doc: dict[str, Any]) -> None:
+def _fill_from_report(r: Run, doc: dict[str, Any], from_children: bool = False) -> None:
     counters = _get(doc, "torch", "counters") or {}
     r.compile_seconds = _get(doc, "torch", "compile_seconds")
     r.compiles = _get(doc, "torch", "compiles")
+    children = [c for c in _get(doc, "torch", "children") or [] if isinstance(c, dict)]
+    r.children = len(children)
+    if from_children:  # the pytest process compiled nothing: the children's own records
+        counters = {}
+        for child in children:
+            for name, n in (child.get("counters") or {}).items():
+                counters[name] = counters.get(name, 0) + int(n)
+        r.compile_seconds = sum(float(c.get("compile_seconds") or 0.0) for c in children)
+        r.compiles = sum(int(c.get("compiles") or 0) for c in children)
     r.fx_hit, r.fx_miss = counters.get("fxgraph_cache_hit", 0), counters.get("fxgraph_cache_miss", 0)
     r.aot_hit, r.aot_miss = counters.get("autograd_cache_hit", 0), counters.get("autograd_cache_miss", 0)
     r.upload_bytes, r.upload_raw_bytes = _get(doc, "upload", "bytes"), _get(doc, "upload", "raw_bytes")
@@ -368,7 +460,11 @@ def _failure(rc: int, doc: dict[str, Any] | None, wl: Workload, mode: str) -> st
         return f"the plugin was not active: {doc.get('reason')}"
     if doc.get("problems"):
         return "the plugin reported problems: " + "; ".join(str(p) for p in doc["problems"])[:600]
-    if not _get(doc, "torch", "compiled"):
+    if wl.children:
+        if not _get(doc, "torch", "children"):
+            return ("no child process reported a compile (is the package installed, with its "
+                    f"{CHILD_PTH} in site-packages?)")
+    elif not _get(doc, "torch", "compiled"):
         return f"nothing was compiled (are the {wl.device} tests all skipped?)"
     if mode == "cold" and not _get(doc, "upload", "objects"):
         return f"the cold run uploaded nothing: {_get(doc, 'upload', 'reason')}"
@@ -467,13 +563,13 @@ SKIPPABLE = ("hot", "naive", "cold-xdist")
 
 
 def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threads: bool,
-                   xdist: int = 0, skip: Iterable[str] = ()) -> tuple[list[Run], str | None]:
+                   xdist: int = 0, skip: Iterable[str] = (), isa_pair: bool = False) -> tuple[list[Run], str | None]:
     """Every mode (less those in ``skip``: SKIPPABLE), repeat by repeat; returns the runs and a bucket the cold
     run filled (for idle and objects)."""
     runs: list[Run] = []
     populated: str | None = None
     skipped = frozenset(skip)
-    modes = ["cold", "warm", *(["warm-auto", "warm-keep"] if threads else []),
+    modes = ["cold", "warm", *(["warm-auto", "warm-keep"] if threads else []), *(["warm-isa-off"] if isa_pair else []),
              *(m for m in ("hot", "naive") if m not in skipped),
              *(m for m in ("cold-xdist", "warm-xdist") if xdist and m not in skipped)]
 
@@ -509,6 +605,8 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
             for value in ("auto", "keep"):
                 record(runner.run(wl, f"warm-{value}", rep, base / f"warm-{value}", bucket=bucket,
                                   extra=[THREADS_FLAG, value]))
+        if isa_pair:  # the same restore, every process running torch's vector-ISA load checks itself
+            record(runner.run(wl, "warm-isa-off", rep, base / "warm-isa-off", bucket=bucket, extra=[ISA_FLAG, "no"]))
         if "hot" not in skipped:
             record(runner.run(wl, "hot", rep, base / "hot", dirs=cold_dirs, store_dir=base / "empty-store-hot",
                               read_only=True))
@@ -527,30 +625,31 @@ def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threa
 
 
 # --- per-process costs no cache entry covers, measured apart ---------------------------------------------
+ISA_CHECK = "CPU vector-ISA check (valid_vec_isa_list)"
 APART = {
     "import torch": "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)",
     "import torch._dynamo (torch already imported)":
         "import time, torch; t = time.perf_counter(); import torch._dynamo; print(time.perf_counter() - t)",
-    "CPU vector-ISA probe": "import time, torch._inductor.cpu_vec_isa as m; t = time.perf_counter(); "
-                            "m.valid_vec_isa_list(); print(time.perf_counter() - t)",
+    ISA_CHECK: "import time, torch._inductor.cpu_vec_isa as m; t = time.perf_counter(); "
+               "m.valid_vec_isa_list(); print(time.perf_counter() - t)",
     # With the plugin's reuse of torch's load check (pytest_megacache/isaprobe.py): the first process records each
     # check, the second takes them from the records.
-    "CPU vector-ISA probe, the plugin's reuse": "import time, torch._inductor.cpu_vec_isa as m; "
-                                                "from pytest_megacache import isaprobe; isaprobe.install(m); "
-                                                "t = time.perf_counter(); m.valid_vec_isa_list(); "
-                                                "print(time.perf_counter() - t)",
+    ISA_CHECK + ", the plugin's reuse": "import time, torch._inductor.cpu_vec_isa as m; "
+                                        "from pytest_megacache import isaprobe; isaprobe.install(m); "
+                                        "t = time.perf_counter(); m.valid_vec_isa_list(); "
+                                        "print(time.perf_counter() - t)",
 }
 
 
 def bench_apart(runner: Runner, work: Path, repeats: int) -> list[dict[str, Any]]:
-    """Each snippet in a fresh process (the benchmark's clean environment), ``repeats`` times: the probe once in
-    an empty cache directory (what a cold run pays) and once in the directory the first probe filled (what a
-    run pays whose restore brought the probe's libraries)."""
+    """Each snippet in a fresh process (the benchmark's clean environment), ``repeats`` times: the vector-ISA check
+    once in an empty cache directory (what a cold run pays) and once in the directory the first one filled (what a
+    run pays whose restore brought the check's libraries)."""
     rows = []
     for name, code in APART.items():
-        variants = ([("fresh cache dir", True), ("probe libraries present", False)] if name == "CPU vector-ISA probe"
+        variants = ([("fresh cache dir", True), ("its libraries present", False)] if name == ISA_CHECK
                     else [("fresh cache dir: records written", True), ("libraries and records present", False)]
-                    if "probe" in name else [("", True)])
+                    if name.startswith(ISA_CHECK) else [("", True)])
         for label, fresh in variants:
             seconds = []
             for i in range(repeats):
@@ -898,6 +997,16 @@ def workload_tables(wl: Workload, runs: list[Run], repeats: int) -> tuple[list[s
         lines += [f"| warm-auto/warm-keep session wall | {f(ratios['warm-auto/warm-keep wall'])} | (no target) | |",
                   f"| warm-auto/warm-keep compile | {f(ratios['warm-auto/warm-keep compile'])} | (no target) | |",
                   "", f"worker-pool policy: the plain warm run resolved compile_threads to {', '.join(threads)}."]
+    if "warm-isa-off" in by_mode:
+        off = med["warm-isa-off"]
+        ratios["warm/warm-isa-off wall"] = ratio(g("warm", "wall"), off["wall"])
+        ratios["warm/warm-isa-off compile"] = ratio(g("warm", "compile_seconds"), off["compile_seconds"])
+        lines += [f"| warm/warm-isa-off session wall | {f(ratios['warm/warm-isa-off wall'])} | (no target) | |",
+                  f"| warm/warm-isa-off compile | {f(ratios['warm/warm-isa-off compile'])} | (no target) | |"]
+    if wl.children:
+        counts = sorted({str(r.children) for r in runs if r.ok and r.children is not None}) or ["n/a"]
+        lines += ["", f"{wl.name}: the pytest process compiles nothing; compile seconds and hits/misses are the child "
+                      f"processes' own records, summed ({', '.join(counts)} children per run)."]
     failures = [r for r in runs if not r.ok]
     if failures:
         lines += ["", "FAILED runs:"]
@@ -1062,7 +1171,7 @@ def plot_phases(plt: Any, path: Path, results: dict[str, Any], env: dict[str, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--workload", nargs="+", choices=("example", "mixed", "synthetic", "varied"),
+    parser.add_argument("--workload", nargs="+", choices=("example", "mixed", "synthetic", "varied", "children", "ranks"),
                         default=["example", "synthetic"])
     parser.add_argument("--n", nargs="+", type=int, default=[10, 50], help="synthetic workload sizes (default: 10 50)")
     parser.add_argument("--varied-n", nargs="+", type=int, default=[130],
@@ -1076,8 +1185,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-only", action="store_true", help="only the idle measurement")
     parser.add_argument("--no-idle", action="store_true", help="skip the idle measurement")
     parser.add_argument("--no-apart", action="store_true",
-                        help="skip the costs measured apart (import torch, torch._dynamo, the CPU vector-ISA probe)")
+                        help="skip the costs measured apart (import torch, torch._dynamo, the CPU vector-ISA check)")
     parser.add_argument("--no-threads-pair", action="store_true", help=f"skip the {THREADS_FLAG} auto/keep pair")
+    parser.add_argument("--isa-pair", action="store_true",
+                        help=f"also run warm with {ISA_FLAG} no (torch's CPU vector-ISA load checks in every process)")
     parser.add_argument("--xdist", type=int, default=0, metavar="N",
                         help="also run cold and warm with pytest-xdist -n N (default: off)")
     parser.add_argument("--skip", nargs="+", choices=SKIPPABLE, default=[],
@@ -1126,6 +1237,13 @@ def main(argv: list[str] | None = None) -> int:
                     workloads += [make_synthetic(work / "projects", n, opts.device) for n in opts.n]
                 if "varied" in opts.workload:
                     workloads += [make_varied(work / "projects", n, opts.device) for n in opts.varied_n]
+                if "children" in opts.workload:
+                    workloads.append(make_children(work / "projects", opts.device))
+                if "ranks" in opts.workload:
+                    workloads.append(make_ranks(opts.device))
+                if any(wl.children for wl in workloads) and not child_records_installed():
+                    notes.append(f"{CHILD_PTH} is not in this interpreter's site-packages: child processes report "
+                                 "nothing and the children and ranks runs fail (pip install -e . installs it)")
             threads = False
             if workloads and not opts.no_threads_pair:
                 threads = has_threads_option(runner, workloads[0], work)
@@ -1134,13 +1252,15 @@ def main(argv: list[str] | None = None) -> int:
                                  "(warm-auto / warm-keep) was skipped")
             last_populated: tuple[Workload, str] | None = None
             for wl in workloads:
-                runs, populated = bench_workload(runner, wl, opts.repeats, work, threads, opts.xdist, opts.skip)
+                runs, populated = bench_workload(runner, wl, opts.repeats, work, threads, opts.xdist, opts.skip,
+                                                 opts.isa_pair)
                 all_runs += runs
                 failed |= any(not r.ok for r in runs)
                 if populated:
                     last_populated = (wl, populated)
                 lines, summary = workload_tables(wl, runs, opts.repeats)
-                results["workloads"].append({"name": wl.name, "device": wl.device, "tests": wl.args, **summary,
+                results["workloads"].append({"name": wl.name, "device": wl.device, "tests": wl.args,
+                                             "children": wl.children, **summary,
                                              "runs": [r.__dict__ for r in runs]})
                 md += lines
                 print("\n".join(lines), flush=True)

@@ -168,3 +168,30 @@ def test_without_cold_xdist_the_warm_xdist_run_restores_from_the_serial_bucket(b
                                     skip=["hot", "naive"])
     assert [r.mode for r in runs_] == ["plain", "cold", "warm", "cold-xdist", "warm-xdist"]
     assert len(created) == 2 and asked[-2:] == [("cold-xdist", created[1]), ("warm-xdist", created[1])]
+
+
+def test_a_children_workload_counts_what_its_child_processes_reported(bench: ModuleType, tmp_path: Path) -> None:
+    wl = bench.make_children(tmp_path, "cpu")
+    assert wl.children and (wl.cwd / "child_step.py").is_file()
+    compile((wl.cwd / "test_children.py").read_text(), "test_children.py", "exec")  # a generator bug fails here
+    child = {"label": "rank 0", "compiles": 2, "compile_seconds": 1.5,
+             "counters": {"fxgraph_cache_hit": 2, "fxgraph_cache_miss": 1, "autograd_cache_hit": 1}}
+    doc = {"enabled": True, "problems": [], "upload": {"objects": 1},
+           "torch": {"compiled": False, "compiles": 0, "compile_seconds": 0.0, "counters": {}, "children": [child, child]}}
+    r = bench.Run("children", "cold", 0)
+    bench._fill_from_report(r, doc, from_children=True)
+    assert (r.children, r.compiles, r.compile_seconds) == (2, 4, 3.0)
+    assert (r.fx_hit, r.fx_miss, r.aot_hit, r.aot_miss) == (4, 2, 2, 0)
+    assert bench._failure(0, doc, wl, "cold") is None
+    assert "no child process" in bench._failure(0, {**doc, "torch": {**doc["torch"], "children": []}}, wl, "cold")
+    # A workload whose pytest process compiles keeps its own counters, and fails when it compiled nothing.
+    plain_wl = bench.Workload("wl", ROOT, [], ROOT / "pyproject.toml", "cpu")
+    r = bench.Run("wl", "cold", 0)
+    bench._fill_from_report(r, doc)
+    assert (r.children, r.fx_hit, r.compile_seconds) == (2, 0, 0.0)
+    assert "nothing was compiled" in bench._failure(0, doc, plain_wl, "cold")
+
+
+def test_the_ranks_workload_is_the_example_projects_distributed_test(bench: ModuleType) -> None:
+    wl = bench.make_ranks("cuda")
+    assert wl.children and wl.args == ["tests/test_distributed.py"] and (wl.cwd / wl.args[0]).is_file()
