@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from .errors import redact_cut
+from . import torchfmt
+from .errors import BundleError, redact_cut
 
 COUNTER_NAMES = {
     "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),
@@ -189,14 +190,18 @@ class TorchAdapter:
                 callbacks.append(ours)
 
     def _on_start(self, *args: Any) -> None:
-        # torch 2.7 calls compile-start callbacks without arguments; 2.8 and later pass one.
-        self.compiles += 1
-        with self._lock:
-            first = not self.first_compile_seen
-            self.first_compile_seen = True
-        if first:
-            self._on_first_compile()
-        self._started = time.perf_counter()
+        # torch 2.7 calls compile-start callbacks without arguments; 2.8 and later pass one. Nothing may escape
+        # into torch: 2.7 counts pending callbacks, and a start callback that raises fails every later compile.
+        try:
+            self.compiles += 1
+            with self._lock:
+                first = not self.first_compile_seen
+                self.first_compile_seen = True
+            if first:
+                self._on_first_compile()
+            self._started = time.perf_counter()
+        except Exception:  # noqa: BLE001 - on_first_compile contains its own faults; this is the last line
+            self._started = None
 
     def _on_end(self, *args: Any) -> None:
         if self._started is not None:
@@ -275,7 +280,8 @@ class TorchAdapter:
         out = []
         try:
             for artifact in list(seen):
-                out.append((str(artifact.type()), str(artifact.key)))
+                kind = artifact.type  # a method from torch 2.8 on; torch 2.7's field holds an enum member
+                out.append((str(kind() if callable(kind) else kind.name.lower()), str(artifact.key)))
         except Exception:  # noqa: BLE001 - attribution is best effort
             return []
         return out
@@ -321,20 +327,61 @@ class TorchAdapter:
 
     # --- torch's cache API -----------------------------------------------------------------------
     @staticmethod
+    def container_layout() -> str | None:
+        """The container layout the imported torch reads and writes (:data:`torchfmt.SECTIONS` from torch 2.8
+        on, :data:`torchfmt.RECORDS` in 2.7), or None for a form this module does not know. Private API, read
+        only: torch's serializer has a checksum from 2.8 on, and 2.7 numbers its artifact types with an enum."""
+        serializer = sys.modules.get("torch.utils._appending_byte_serializer")
+        cache = sys.modules.get("torch.compiler._cache")
+        if serializer is None or cache is None:
+            return None
+        if hasattr(serializer, "CHECKSUM_DIGEST_SIZE"):
+            return torchfmt.SECTIONS if hasattr(cache, "CacheArtifactFactory") else None
+        try:
+            codes = {member.name.lower(): int(member.value) for member in getattr(cache, "CacheArtifactType", ())}
+        except Exception:  # noqa: BLE001 - another form
+            return None
+        return torchfmt.RECORDS if codes == torchfmt.RECORD_TYPE_CODES else None
+
+    @staticmethod
+    def _loaded_counts(info: Any) -> dict[str, int]:
+        """Keys loaded per type, from torch's CacheInfo (a dict of lists from torch 2.8 on, a list per type in 2.7)."""
+        artifacts = getattr(info, "artifacts", None)
+        if isinstance(artifacts, dict):
+            return {str(k): len(v) for k, v in artifacts.items()}
+        out = {}
+        for name in torchfmt.RECORD_TYPE_CODES:
+            keys = getattr(info, f"{name}_artifacts", None)
+            if keys:
+                out[name] = len(keys)
+        return out
+
+    @staticmethod
     def load(container: bytes) -> LoadResult:
-        """``torch.compiler.load_cache_artifacts`` on a container that :mod:`torchfmt` already validated."""
+        """``torch.compiler.load_cache_artifacts`` on a container that :mod:`torchfmt` already validated (in the
+        ``sections`` layout), rewritten in the layout this torch reads."""
         start = time.perf_counter()
         try:
             import torch._dynamo  # torch 2.7 needs it imported first: pytorch/pytorch#154463
             import torch.compiler
+            import torch.compiler._cache  # what load_cache_artifacts imports: its layout is read below
 
+            layout = TorchAdapter.container_layout()
+            if layout is None:
+                return LoadResult(False, seconds=time.perf_counter() - start,
+                                  error="this torch's cache container has another form: nothing loaded")
+            if layout != torchfmt.layout_of(container):
+                container = torchfmt.serialize(torchfmt.parse(container), layout)
             info = torch.compiler.load_cache_artifacts(container)
+            loaded = None if info is None else TorchAdapter._loaded_counts(info)
+        except BundleError as exc:
+            return LoadResult(False, seconds=time.perf_counter() - start, error=redact_cut(str(exc)))
         except Exception as exc:  # noqa: BLE001 - any failure means a cold run, never a failed session
             return LoadResult(False, seconds=time.perf_counter() - start, error=redact_cut(f"{type(exc).__name__}: {exc}"))
         seconds = time.perf_counter() - start
-        if info is None:
+        if loaded is None:
             return LoadResult(False, seconds=seconds, error="torch.compiler.load_cache_artifacts returned None")
-        return LoadResult(True, {k: len(v) for k, v in info.artifacts.items()}, seconds)
+        return LoadResult(True, loaded, seconds)
 
     @staticmethod
     def save() -> bytes | None:

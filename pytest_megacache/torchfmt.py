@@ -1,6 +1,7 @@
 """torch's mega-cache container, parsed and written without importing torch.
 
-The format (``torch/utils/_appending_byte_serializer.py`` and ``torch/compiler/_cache.py``)::
+torch 2.8 and later (``torch/utils/_appending_byte_serializer.py`` and ``torch/compiler/_cache.py``), the
+``sections`` layout::
 
     crc32(rest) : 4 bytes, big endian
     version     : uint64 (1)
@@ -9,10 +10,23 @@ The format (``torch/utils/_appending_byte_serializer.py`` and ``torch/compiler/_
         count   : uint64
         count x (key: uint64 length + base64(utf-8 key), content: uint64 length + bytes)
 
+torch 2.7, the ``records`` layout (no checksum, no sections; the type is the number of torch's
+``CacheArtifactType``: 0 inductor, 1 autotune, 2 aot_autograd, 3 pgo)::
+
+    version     : uint64 (1)
+    repeated record:
+        type    : uint64
+        key     : uint64 length + utf-8 key
+        content : uint64 length + bytes
+
+The first eight bytes tell them apart: a ``records`` container starts with the version, a ``sections`` one
+with its checksum followed by the version's four high (zero) bytes, so a valid container of either layout
+never reads as the other.
+
 torch's own reader trusts this input: a CRC-valid but truncated structure makes it loop forever, and
 keys become file paths unchecked. :func:`parse` validates every length against what is left, every type
 against the known set and every key against a strict per-type pattern, and :func:`serialize` writes
-exactly one section per type (torch keeps only the last section of a type).
+exactly one section per type (torch keeps only the last section of a type), or one record per key.
 """
 
 from __future__ import annotations
@@ -43,6 +57,13 @@ KEY_PATTERNS: dict[str, re.Pattern[str]] = {
     "precompile": re.compile(_SAFE_NAME),
 }
 KNOWN_TYPES = frozenset(KEY_PATTERNS)
+
+SECTIONS = "sections"  # torch 2.8 and later
+RECORDS = "records"  # torch 2.7
+LAYOUTS = (SECTIONS, RECORDS)
+# torch 2.7's CacheArtifactType: the number a record's type is written as (it has no precompile artifacts)
+RECORD_TYPE_CODES: dict[str, int] = {"inductor": 0, "autotune": 1, "aot_autograd": 2, "pgo": 3}
+_RECORD_TYPES = {code: name for name, code in RECORD_TYPE_CODES.items()}
 
 # An artifact needs at least two uint64 length fields.
 _MIN_ARTIFACT_BYTES = 16
@@ -89,11 +110,50 @@ class _Reader:
             raise BundleError(f"torch container: {what} is not base64 UTF-8") from exc
 
 
+def layout_of(data: bytes) -> str:
+    """The layout of a container: :data:`RECORDS` when it starts with the version, else :data:`SECTIONS`."""
+    return RECORDS if data[:8] == ENCODING_VERSION.to_bytes(8, "big") else SECTIONS
+
+
+def _checked(artifact_type: str, key: str, content: bytes, out: list[tuple[str, str, bytes]],
+             skipped: list[str] | None) -> None:
+    try:
+        validate_key(artifact_type, key)
+    except BundleError as exc:
+        if skipped is None:
+            raise
+        skipped.append(str(exc))
+        return
+    out.append((artifact_type, key, content))
+
+
+def _parse_records(data: bytes, skipped: list[str] | None) -> list[tuple[str, str, bytes]]:
+    """torch 2.7's layout: the version, then one record per artifact (type number, utf-8 key, content)."""
+    reader = _Reader(data)
+    reader.pos = 8
+    out: list[tuple[str, str, bytes]] = []
+    while reader.left:
+        code = reader.uint64("artifact type")
+        artifact_type = _RECORD_TYPES.get(code)
+        if artifact_type is None:
+            raise BundleError(f"unknown torch artifact type number {code}")
+        raw = reader.blob(f"{artifact_type} key")
+        try:
+            key = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BundleError(f"torch container: {artifact_type} key is not UTF-8") from exc
+        _checked(artifact_type, key, reader.blob(f"{artifact_type} content"), out, skipped)
+    return out
+
+
 def parse(data: bytes, skipped: list[str] | None = None) -> list[tuple[str, str, bytes]]:
-    """Decode a torch mega-cache container into ``(type, key, content)`` triples, validating all of it.
+    """Decode a torch mega-cache container (either layout) into ``(type, key, content)`` triples, validating
+    all of it.
 
     An unsafe key raises :class:`BundleError`, unless ``skipped`` is given: then that artifact alone is left
     out and named there (the container's structure must still be whole)."""
+    if layout_of(data) == RECORDS:
+        return _parse_records(data, skipped)
     if len(data) < 12:
         raise BundleError("torch container too short")
     crc = int.from_bytes(data[:4], "big")
@@ -114,15 +174,7 @@ def parse(data: bytes, skipped: list[str] | None = None) -> list[tuple[str, str,
             raise BundleError(f"torch container: {count} {artifact_type} artifacts cannot fit in {reader.left} bytes")
         for _ in range(count):
             key = reader.text(f"{artifact_type} key")
-            content = reader.blob(f"{artifact_type} content")
-            try:
-                validate_key(artifact_type, key)
-            except BundleError as exc:
-                if skipped is None:
-                    raise
-                skipped.append(str(exc))
-                continue
-            out.append((artifact_type, key, content))
+            _checked(artifact_type, key, reader.blob(f"{artifact_type} content"), out, skipped)
     return out
 
 
@@ -131,16 +183,29 @@ def _put_blob(buf: bytearray, blob: bytes) -> None:
     buf += blob
 
 
-def serialize(artifacts: Iterable[tuple[str, str, bytes]]) -> bytes:
-    """Write ``(type, key, content)`` triples as one torch container, one section per type.
+def serialize(artifacts: Iterable[tuple[str, str, bytes]], layout: str = SECTIONS) -> bytes:
+    """Write ``(type, key, content)`` triples as one torch container: in the :data:`SECTIONS` layout one
+    section per type, in the :data:`RECORDS` layout (torch 2.7) one record per key.
 
-    Keys are validated here too, so nothing unsafe is ever handed to torch, whatever its source.
+    Keys are validated here too, so nothing unsafe is ever handed to torch, whatever its source. A type the
+    layout cannot express (``precompile`` in torch 2.7's) raises :class:`BundleError`.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown torch container layout {layout!r}")
     sections: dict[str, dict[str, bytes]] = {}
     for artifact_type, key, content in artifacts:
         validate_key(artifact_type, key)
+        if layout == RECORDS and artifact_type not in RECORD_TYPE_CODES:
+            raise BundleError(f"torch 2.7's container has no {artifact_type} artifacts")
         sections.setdefault(artifact_type, {})[key] = content  # torch semantics: the last record is current
     body = bytearray(ENCODING_VERSION.to_bytes(8, "big"))
+    if layout == RECORDS:
+        for artifact_type, items in sections.items():
+            for key, content in items.items():
+                body += RECORD_TYPE_CODES[artifact_type].to_bytes(8, "big")
+                _put_blob(body, key.encode())
+                _put_blob(body, content)
+        return bytes(body)
     for artifact_type, items in sections.items():
         _put_blob(body, base64.b64encode(artifact_type.encode()))
         body += len(items).to_bytes(8, "big")
