@@ -6,6 +6,7 @@ imports pytest or torch (torch is reached through :class:`TorchAdapter`).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -327,8 +328,8 @@ class CacheSession:
         except (OSError, BundleError) as exc:
             self.problem(f"restoring compiled files failed ({exc}); those kernels will be rebuilt")
         if stats.files_refused:
-            self.problem(f"{len(stats.files_refused)} restored kernel files were incomplete and not written "
-                         f"(they will be rebuilt): {'; '.join(stats.files_refused[:3])}")
+            self.problem(f"{len(stats.files_refused)} restored files were refused and not written, the rest were "
+                         f"(what they held is rebuilt): {'; '.join(stats.files_refused[:3])}")
         self.restored = merged
         stats.entries = merged.counts()
         stats.ok = True
@@ -583,6 +584,7 @@ class CacheSession:
             session.merge(worker_entries)
         if worker_profiles:
             session.merge(self.merge_worker_profiles(worker_profiles, self.upload_timeout))
+        session = self.scrubbed(session)
         up.session_entries = len(session)
         new = session.minus(self.restored)  # a profile that changed under its key counts as new
         up.new_entries = new.counts()
@@ -618,13 +620,32 @@ class CacheSession:
                                       "the rest are merged next time")
                     break
 
+    def scrubbed(self, entries: Entries) -> Entries:
+        """``entries`` as they may be stored: torch's repro lines blanked in each (:func:`envpolicy.scrub_torch_artifact`:
+        mega-cache artifacts, child processes' FX-graph and AOTAutograd files, Triton's files, profiles alike), and
+        any entry that still holds a value of the environment that may be a secret left out (one problem names the
+        variables, never their values)."""
+        pieces = envpolicy.stored_pieces(os.environ)
+        out = Entries()
+        dropped: dict[str, int] = {}
+        for entry in entries:
+            data = envpolicy.scrub_torch_artifact(entry.data)
+            if (name := envpolicy.stored_secret(data, pieces)) is not None:
+                dropped[name] = dropped.get(name, 0) + 1
+                continue
+            out.add(entry if data is entry.data else Entry(entry.kind, entry.name, data, entry.mode))
+        if dropped:
+            self.problem(f"not storing {sum(dropped.values())} compiled entries: they hold the value of "
+                         f"{', '.join(sorted(dropped))}, which may be a secret")
+        return out
+
     def _payload(self, new: Entries, compact: bool) -> tuple[Entries, bytes | None]:
         """What to upload: ``new``, merged with what this scope's objects hold when compacting. An object that
         a restore would refuse (over :class:`Limits`) is never written: a compaction that would be is not done
         (its inputs stay), and new entries over the limits on their own are not uploaded."""
         signing_key = self.signing_keys[0] if self.signing_keys else None
         for merged in [True, False] if compact else [False]:
-            payload = Entries(self.restored_own) if merged else Entries()
+            payload = self.scrubbed(self.restored_own) if merged else Entries()
             payload.merge(new)  # a changed profile replaces the restored one
             try:
                 blob = bundlemod.encode(payload, self.fingerprint, extra=self.upload_meta(payload),

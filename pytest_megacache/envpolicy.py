@@ -17,10 +17,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 # Environment settings that change compiled artifacts or their keys. Paths and logging do not.
 ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TRITON_", "TORCHDYNAMO_")
+# Settings outside those prefixes that change generated code: the CPU vector ISA torch's Inductor picks.
+ENV_NAMES = frozenset({"ATEN_CPU_CAPABILITY"})
+
+
+def keyed(name: str) -> bool:
+    """Whether the fingerprint keys on this variable (by name, and by value or its digest)."""
+    return (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and name not in ENV_IGNORED
 ENV_IGNORED = frozenset({
     "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
     "TORCHINDUCTOR_COMPILE_THREADS", "TORCH_COMPILE_DEBUG_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE",
@@ -126,6 +133,8 @@ SHOWN_VALUES = frozenset({
     "TORCH_COMPILE_BACKEND", "TORCH_COMPILE_CPROFILE", "TORCH_COMPILE_DEBUG", "TORCH_COMPILE_DEBUG_SAVE_REAL",
     "TORCH_COMPILE_DISABLE", "TORCH_COMPILE_DYNAMIC_VALUES", "TORCH_COMPILE_FORCE_DISABLE_CACHES",
     "TORCH_COMPILE_GRAPH_FORMAT", "TORCH_COMPILE_REPLAY_RECORD", "TORCH_COMPILE_USE_LAZY_GRAPH_MODULE",
+    # ATen / Inductor's CPU vector ISA
+    "ATEN_CPU_CAPABILITY",
     # Triton (triton/knobs.py)
     "TRITON_ALLOW_NON_CONSTEXPR_GLOBALS", "TRITON_ALWAYS_COMPILE", "TRITON_CACHE_AUTOTUNING", "TRITON_DEBUG",
     "TRITON_DEFAULT_FP_FUSION", "TRITON_DISABLE_LINE_INFO", "TRITON_DUMP_PTXAS_LOG", "TRITON_ENABLE_ASAN",
@@ -138,8 +147,9 @@ SHOWN_VALUES = frozenset({
 
 # Variables whose values are not secrets although redact would otherwise mask them: the plugin's own
 # settings (not MEGACACHE_ENDPOINT_URL nor MEGACACHE_SIGNING_KEY), AWS's non-credential settings, the
-# compiler's directories and thread counts (ENV_IGNORED), and GitHub's public URLs.
-PLAIN_VALUES = ENV_IGNORED | frozenset({
+# compiler's cache directories and thread counts (ENV_IGNORED, but for the debug and dump directories, which
+# nothing of the plugin's shows), and GitHub's public URLs.
+PLAIN_VALUES = (ENV_IGNORED - {"TORCH_COMPILE_DEBUG_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR"}) | frozenset({
     "MEGACACHE_BUCKET", "MEGACACHE_PREFIX", "MEGACACHE_DIR", "MEGACACHE_MODE", "MEGACACHE_STRICT",
     "MEGACACHE_FILES", "MEGACACHE_REPORT", "MEGACACHE_TIMEOUT", "MEGACACHE_COMPACT_AFTER", "MEGACACHE_SCOPE",
     "MEGACACHE_DEFAULT_SCOPE", "MEGACACHE_DURATIONS", "MEGACACHE_COMPILE_THREADS", "MEGACACHE_PRECOMPILE", "MEGACACHE_CHILDREN",
@@ -203,6 +213,16 @@ def env_differences(theirs: Mapping[str, object], here: Mapping[str, object]) ->
     return out
 
 
+# torch's repro text copies every variable whose name *contains* one of these (``generate_env_vars_string`` in
+# torch/_dynamo/debug_utils.py), not only those with the prefixes above: TORCH_REMOTE_STORE, PYTORCH_..._TOKEN.
+REPRO_NAME_PARTS = ("TORCH", "DYNAMO", "INDUCTOR", "TRITON")
+
+
+def repro_copied(name: str) -> bool:
+    """Whether torch's repro text copies this variable (by torch's own name filter)."""
+    return any(part in name for part in REPRO_NAME_PARTS)
+
+
 def masked(name: str, value: str) -> bool:
     """Whether redact masks this variable's value."""
     if name in SECRET_ENV:
@@ -211,7 +231,7 @@ def masked(name: str, value: str) -> bool:
         return False
     if SECRET_NAME.search(name):
         return True
-    return name.startswith(REDACTED_PREFIXES) and not shown(name, value)
+    return (name.startswith(REDACTED_PREFIXES) or repro_copied(name)) and not shown(name, value)
 
 
 def secret_values(env: Mapping[str, str]) -> Iterator[tuple[str, str]]:
@@ -237,17 +257,37 @@ _REPRO_ENV_LINE = re.compile(rb"os\.environ\['([A-Za-z_][A-Za-z0-9_]*)'\] = '([^
 
 
 def scrub_torch_artifact(data: bytes) -> bytes:
-    """``data`` with the value of each masked variable in torch's repro lines (``os.environ['NAME'] = '...'``)
-    overwritten by as many ``*`` bytes: same length, so a pickle (whose strings are length-prefixed) still
-    loads. Other bytes are left alone; ``data`` itself is returned when there is nothing to scrub."""
+    """``data`` with the value of each variable in torch's repro lines (``os.environ['NAME'] = '...'``) overwritten by
+    as many ``*`` bytes, unless the fingerprint would show it (:func:`shown`): same length, so a pickle (whose
+    strings are length-prefixed) still loads. Other bytes are left alone; ``data`` itself is returned when there is
+    nothing to scrub. Applied to every entry the plugin stores (torch's artifacts, the files of child processes'
+    FX graphs and AOTAutograd entries, Triton's files, dynamic-shape profiles)."""
     if b"os.environ['" not in data:
         return data
 
     def scrub(match: re.Match[bytes]) -> bytes:
         name, value = match[1].decode("ascii"), match[2].decode("utf-8", "replace")
-        if not masked(name, value):
+        if shown(name, value):  # only what the fingerprint itself would show stays: paths and unknown names do not
             return match[0]
         start, end = match.start(2) - match.start(0), match.end(2) - match.start(0)
         return match[0][:start] + b"*" * (end - start) + match[0][end:]
 
     return _REPRO_ENV_LINE.sub(scrub, data)
+
+
+def stored_secret(data: bytes, pieces: Sequence[tuple[str, bytes]]) -> str | None:
+    """The name of the first variable whose value (a :func:`secret_values` piece, encoded) ``data`` still holds
+    once scrubbed: such an entry is not stored at all."""
+    for name, piece in pieces:
+        if piece in data:
+            return name
+    return None
+
+
+def stored_pieces(env: Mapping[str, str]) -> list[tuple[str, bytes]]:
+    """:func:`secret_values` as the bytes a stored entry could hold them in (UTF-8, and UTF-16 for pickled text)."""
+    out: dict[bytes, str] = {}
+    for name, text in secret_values(env):
+        for encoded in (text.encode("utf-8", "surrogatepass"), text.encode("utf-16-le", "surrogatepass")):
+            out.setdefault(encoded, name)
+    return sorted(((name, piece) for piece, name in out.items()), key=lambda item: -len(item[1]))

@@ -8,6 +8,7 @@ what is there, never following a link, never leaving the directory.
 
 from __future__ import annotations
 
+import errno
 import getpass
 import os
 import re
@@ -38,6 +39,8 @@ MAX_FILE_BYTES = 256 << 20
 # most this long in all (per collect, not per file), and never carries an ELF file shorter than its
 # own headers say.
 LOCK_WAIT_SECONDS = 30.0
+# What the disk says when no later file could be written either: the restore stops there.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 _ELF_SUFFIXES = (".so", ".o")
 # In TRITON_CACHE_DIR, max-autotune's benchmark candidates (kernels named after their template, "triton_mm",
 # "triton_bmm", ..., never compiled again once the autotune results are restored: 47 MB raw of the example's
@@ -256,54 +259,68 @@ class FileRoot:
     def restore(self, entries: Iterable[Entry], refused: list[str] | None = None) -> tuple[int, int]:
         """Write this root's entries that are not there yet. Returns (written, already present).
 
-        An ELF file cut short (a build collected mid-write by an older version) is not written: its
-        name and why go to ``refused``, and Inductor rebuilds it. Raises OSError (a full disk, say) to
-        the caller; a partial restore leaves only whole files.
+        Each entry stands alone: one that cannot be written safely (an unsafe name, a symlink or a file in its way,
+        an ELF file cut short by an older version's collect) is not written, its name and why go to ``refused``
+        (torch rebuilds it), and the rest are written. Raises OSError only when the disk itself refuses (full,
+        over quota, read-only), which no later entry would escape; a partial restore leaves only whole files.
         """
         written = present = 0
         root = self.path.resolve()
         for entry in entries:
             if entry.kind != self.kind:
                 continue
-            validate_file_path(entry.name)
-            if problem := self.problem(entry.name, entry.data):
-                if refused is not None:
-                    refused.append(f"{entry.name}: {problem}")
-                continue
-            target = root.joinpath(*entry.name.split("/"))
-            parent = target.parent
-            # A symlinked directory inside the root could redirect the write: refuse it, before mkdir
-            # can create directories outside the root, and again after (in case one appeared meanwhile).
-            if not parent.resolve().is_relative_to(root):
-                raise BundleError(f"{entry.name!r} resolves outside {root}")
-            parent.mkdir(parents=True, exist_ok=True)
-            if not parent.resolve().is_relative_to(root):
-                raise BundleError(f"{entry.name!r} resolves outside {root}")
-            if os.path.lexists(target):
-                present += 1
-                continue
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-megacache-", dir=parent)
             try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(entry.data)
-                os.chmod(tmp, entry.mode & 0o755)
-                # link() fails if the name appeared meanwhile: never overwrite a concurrent writer.
-                try:
-                    os.link(tmp, target)
+                validate_file_path(entry.name)
+                if problem := self.problem(entry.name, entry.data):
+                    raise BundleError(problem)
+                if self._write(root, entry):
                     written += 1
-                except FileExistsError:
+                else:
                     present += 1
-                except OSError:
-                    if os.path.lexists(target):
-                        present += 1
-                    else:
-                        os.replace(tmp, target)
-                        tmp = ""
-                        written += 1
-            finally:
-                if tmp:
-                    try:
-                        os.unlink(tmp)
-                    except OSError:
-                        pass
+            except BundleError as exc:
+                if refused is not None:
+                    refused.append(f"{entry.name}: {exc}")
+            except OSError as exc:
+                if exc.errno in _DISK_FULL:
+                    raise
+                if refused is not None:
+                    refused.append(f"{entry.name}: {exc.strerror or exc}")
         return written, present
+
+    @staticmethod
+    def _write(root: Path, entry: Entry) -> bool:
+        """Write one entry under ``root`` unless its name is taken: True if written, False if already present."""
+        target = root.joinpath(*entry.name.split("/"))
+        parent = target.parent
+        # A symlinked directory inside the root could redirect the write: refuse it, before mkdir
+        # can create directories outside the root, and again after (in case one appeared meanwhile).
+        if not parent.resolve().is_relative_to(root):
+            raise BundleError(f"resolves outside {root}")
+        parent.mkdir(parents=True, exist_ok=True)
+        if not parent.resolve().is_relative_to(root):
+            raise BundleError(f"resolves outside {root}")
+        if os.path.lexists(target):
+            return False
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-megacache-", dir=parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(entry.data)
+            os.chmod(tmp, entry.mode & 0o755)
+            # link() fails if the name appeared meanwhile: never overwrite a concurrent writer.
+            try:
+                os.link(tmp, target)
+                return True
+            except FileExistsError:
+                return False
+            except OSError:
+                if os.path.lexists(target):
+                    return False
+                os.replace(tmp, target)
+                tmp = ""
+                return True
+        finally:
+            if tmp:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass

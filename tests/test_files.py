@@ -186,10 +186,14 @@ def test_restore_does_not_follow_an_existing_symlink(root: FileRoot, tmp_path: P
 
 
 @pytest.mark.parametrize("name", ["../x.so", "/abs/x.so", "a/../../x.so", ".hidden"])
-def test_restore_refuses_unsafe_names(root: FileRoot, tmp_path: Path, name: str) -> None:
-    with pytest.raises(BundleError, match="unsafe file path"):
-        root.restore([Entry("file/inductor", name, elf(b"evil"))])
+def test_restore_refuses_unsafe_names_one_by_one(root: FileRoot, tmp_path: Path, name: str) -> None:
+    refused: list[str] = []
+    written = root.restore([Entry("file/inductor", "before.so", elf(b"a")), Entry("file/inductor", name, elf(b"evil")),
+                            Entry("file/inductor", "after.so", elf(b"b"))], refused)
+    assert written == (2, 0)
+    assert len(refused) == 1 and refused[0].startswith(f"{name}: ") and "unsafe file path" in refused[0]
     assert not (tmp_path / "x.so").exists()
+    assert (root.path / "before.so").read_bytes() == elf(b"a") and (root.path / "after.so").read_bytes() == elf(b"b")
 
 
 @pytest.mark.parametrize("name", ["evil/x.so", "evil/sub/x.so", "evil/sub/deeper/x.so"])
@@ -198,10 +202,35 @@ def test_restore_refuses_a_symlinked_directory_leading_outside(root: FileRoot, t
     outside.mkdir()
     root.path.mkdir()
     (root.path / "evil").symlink_to(outside, target_is_directory=True)
-    with pytest.raises(BundleError, match="resolves outside"):
-        root.restore([Entry("file/inductor", "fine.so", elf(b"ok")), Entry("file/inductor", name, elf(b"evil"))])
+    refused: list[str] = []
+    assert root.restore([Entry("file/inductor", "fine.so", elf(b"ok")), Entry("file/inductor", name, elf(b"evil")),
+                         Entry("file/inductor", "later/fine.so", elf(b"ok2"))], refused) == (2, 0)
+    assert len(refused) == 1 and refused[0].startswith(f"{name}: ") and "resolves outside" in refused[0]
     assert list(outside.iterdir()) == []  # not a file, not even a directory
-    assert (root.path / "fine.so").read_bytes() == elf(b"ok")  # entries before the bad one are whole files
+    assert (root.path / "fine.so").read_bytes() == elf(b"ok")  # the entries around the bad one are whole files
+    assert (root.path / "later" / "fine.so").read_bytes() == elf(b"ok2")
+
+
+def test_restore_skips_an_entry_whose_directory_is_a_file(root: FileRoot) -> None:
+    """A stray file where a directory should be costs that entry alone."""
+    root.path.mkdir()
+    (root.path / "ab").write_bytes(b"not a directory")
+    refused: list[str] = []
+    assert root.restore([Entry("file/inductor", "ab/k.so", elf(b"x")), Entry("file/inductor", "cd/k.so", elf(b"y"))],
+                        refused) == (1, 0)
+    assert len(refused) == 1 and refused[0].startswith("ab/k.so: ")
+    assert (root.path / "cd" / "k.so").read_bytes() == elf(b"y")
+
+
+def test_restore_stops_when_the_disk_is_full(root: FileRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def full(*_args: object, **_kwargs: object) -> tuple[int, str]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("tempfile.mkstemp", full)
+    with pytest.raises(OSError, match="No space left"):
+        root.restore([Entry("file/inductor", "k.so", elf(b"x"))])
 
 
 def test_restore_allows_a_symlinked_directory_inside_the_root(root: FileRoot) -> None:

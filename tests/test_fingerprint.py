@@ -173,13 +173,13 @@ def test_stored_differences_name_the_variable_without_its_value() -> None:
 def test_only_harmless_values_are_allowlisted() -> None:
     """Every allowlisted name is a compiler setting (keyed), and none of them names an endpoint or a secret."""
     for name in envpolicy.SHOWN_VALUES:
-        assert name.startswith(fingerprint.ENV_PREFIXES) and name not in fingerprint.ENV_IGNORED, name
+        assert envpolicy.keyed(name), name
         assert not re.search(r"URL|_HOST$|_PORT$|PASSW|SECRET|TOKEN|_KEY|CRED|_DIR$|_PATH$|REGEX|USERNAME|_USER$", name), name
 
 
 @pytest.mark.parametrize(
     "var", ["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS", "TORCH_COMPILE_JOB_ID",
-            "HOME", "PATH", "CI", "MEGACACHE_BUCKET"],
+            "HOME", "CI", "MEGACACHE_BUCKET"],
 )
 def test_paths_and_unrelated_variables_do_not_change_the_key(var: str) -> None:
     base = compute({"TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
@@ -225,18 +225,140 @@ def test_cpu_torch_never_probes_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     assert compute().parts["gpus"] == []
 
 
+# --- the vector ISA torch picks ------------------------------------------------------------------------
+
+# The flags line of /proc/cpuinfo on each machine (one logical CPU), as the kernel prints it.
+SAPPHIRE_RAPIDS = set("""fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush dts acpi mmx fxsr sse
+ sse2 ss ht tm pbe syscall nx pdpe1gb rdtscp lm constant_tsc art arch_perfmon pebs bts rep_good nopl xtopology nonstop_tsc
+ cpuid aperfmperf tsc_known_freq pni pclmulqdq dtes64 monitor ds_cpl vmx smx est tm2 ssse3 sdbg fma cx16 xtpr pdcm pcid dca
+ sse4_1 sse4_2 x2apic movbe popcnt tsc_deadline_timer aes xsave avx f16c rdrand lahf_lm abm 3dnowprefetch cpuid_fault epb
+ cat_l3 cat_l2 cdp_l3 invpcid_single intel_ppin cdp_l2 ssbd mba ibrs ibpb stibp ibrs_enhanced tpr_shadow flexpriority ept
+ vpid ept_ad fsgsbase tsc_adjust bmi1 avx2 smep bmi2 erms invpcid cqm rdt_a avx512f avx512dq rdseed adx smap avx512ifma
+ clflushopt clwb intel_pt avx512cd sha_ni avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves cqm_llc cqm_occup_llc
+ cqm_mbm_total cqm_mbm_local split_lock_detect avx_vnni avx512_bf16 wbnoinvd dtherm ida arat pln pts hfi vnmi avx512vbmi
+ umip pku ospke waitpkg avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni avx512_bitalg tme avx512_vpopcntdq la57 rdpid
+ bus_lock_detect cldemote movdiri movdir64b enqcmd fsrm md_clear serialize tsxldtrk pconfig arch_lbr ibt amx_bf16
+ avx512_fp16 amx_tile amx_int8 flush_l1d arch_capabilities""".split())
+ZEN4 = set("""fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht syscall nx
+ mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good amd_lbr_v2 nopl nonstop_tsc cpuid extd_apicid aperfmperf rapl pni
+ pclmulqdq monitor ssse3 fma cx16 pcid sse4_1 sse4_2 x2apic movbe popcnt aes xsave avx f16c rdrand lahf_lm cmp_legacy svm
+ extapic cr8_legacy abm sse4a misalignsse 3dnowprefetch osvw ibs skinit wdt tce topoext perfctr_core perfctr_nb bpext
+ perfctr_llc mwaitx cpb cat_l3 cdp_l3 hw_pstate ssbd mba perfmon_v2 ibrs ibpb stibp ibrs_enhanced vmmcall fsgsbase bmi1
+ avx2 smep bmi2 erms invpcid cqm rdt_a avx512f avx512dq rdseed adx smap avx512ifma clflushopt clwb avx512cd sha_ni
+ avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves cqm_llc cqm_occup_llc cqm_mbm_total cqm_mbm_local avx512_bf16 clzero
+ irperf xsaveerptr rdpru wbnoinvd amd_ppin cppc arat npt lbrv svm_lock nrip_save tsc_scale vmcb_clean flushbyasid
+ decodeassists pausefilter pfthreshold avic v_vmsave_vmload vgif x2avic v_spec_ctrl vnmi avx512vbmi umip pku ospke
+ avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq la57 rdpid overflow_recov succor smca fsrm
+ flush_l1d""".split())
+GRAVITON3 = set("""fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop
+ sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh
+ rng""".split())
+GRAVITON4 = set("""fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop
+ sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs sb paca pacg dcpodp sve2 sveaes svepmull svebitperm
+ svesha3 svesm4 flagm2 frint svei8mm svebf16 i8mm bf16 dgh rng bti""".split())
+HASWELL = {"fpu", "sse", "sse2", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c"}
+
+
 @pytest.mark.parametrize(
-    ("flags", "isa"),
-    [({"avx2", "avx512f", "avx512_bf16"}, "avx512bf16"), ({"avx2", "amx_tile"}, "amx"), ({"avx2", "avx512f"}, "avx512"),
-     ({"sse4_2", "avx2"}, "avx2"), ({"asimd"}, "neon"), ({"sve", "asimd"}, "sve")],
+    ("flags", "machine", "sve", "isa"),
+    [(SAPPHIRE_RAPIDS, "x86_64", None, "amx"), (ZEN4, "x86_64", None, "avx512vnni"),
+     (HASWELL, "x86_64", None, "avx2"), (HASWELL - {"avx2"}, "x86_64", None, "novec"),
+     (ZEN4 - {"avx512_vnni"}, "x86_64", None, "avx512"), (ZEN4 - {"avx512bw"}, "x86_64", None, "avx2"),
+     (GRAVITON3, "aarch64", 256, "sve256"), (GRAVITON4, "aarch64", 128, "sve128"),
+     (GRAVITON3 - {"bf16"}, "aarch64", 256, "neon"), ({"fp", "asimd"}, "aarch64", None, "neon"),
+     (set(), "ppc64le", None, "vsx"), ({"vxe"}, "s390x", None, "zvector"), (set(), "riscv64", None, "novec")],
 )
-def test_cpu_isa(flags: set[str], isa: str) -> None:
-    assert fingerprint.cpu_isa(flags) == isa
+def test_picked_isa_follows_torch(flags: set[str], machine: str, sve: int | None, isa: str) -> None:
+    assert fingerprint.picked_isa(flags, machine, system="linux", sve=sve) == isa
 
 
-def test_cpu_isa_without_known_flags_uses_the_machine() -> None:
-    isa = fingerprint.cpu_isa(set())
-    assert isa and re.fullmatch(r"[a-z0-9.+_\-]+", isa)
+@pytest.mark.parametrize(
+    ("flags", "capability", "isa"),
+    [(ZEN4, "avx2", "avx2"), (ZEN4, "default", "novec"), (ZEN4, "avx512", "avx512vnni"), (ZEN4, "bogus", "avx512vnni"),
+     (SAPPHIRE_RAPIDS, "avx512", "amx"),  # torch prefers AMX for avx512 (its VecAMX's name contains "avx512")
+     (HASWELL, "avx512", "avx2"),  # not valid here: torch warns and keeps the first valid one
+     (HASWELL, "default", "novec"), (HASWELL - {"avx2"}, "default", "novec")],
+)
+def test_aten_cpu_capability_picks_as_torch_does(flags: set[str], capability: str, isa: str) -> None:
+    assert fingerprint.picked_isa(flags, "x86_64", capability, system="linux") == isa
+
+
+def _machine_key(monkeypatch: pytest.MonkeyPatch, flags: set[str], machine: str, sve: int | None,
+                 env: dict[str, str] | None = None) -> Fingerprint:
+    monkeypatch.setattr(fingerprint, "_cpu_flags", lambda: (flags, 8))
+    monkeypatch.setattr(fingerprint.platform, "machine", lambda: machine)
+    monkeypatch.setattr(fingerprint, "sve_bits", lambda _machine=None: sve)
+    return compute(env)
+
+
+def test_four_server_cpus_get_four_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sapphire Rapids (AMX) and Zen4 both have avx512_bf16; Graviton3 (SVE 256) and Graviton4 (SVE2, 128 bits) both
+    have sve: torch builds different code for each, so each has its own key, with the ISA in its readable segment."""
+    keys = {name: _machine_key(monkeypatch, flags, machine, sve) for name, flags, machine, sve in [
+        ("spr", SAPPHIRE_RAPIDS, "x86_64", None), ("zen4", ZEN4, "x86_64", None),
+        ("graviton3", GRAVITON3, "aarch64", 256), ("graviton4", GRAVITON4, "aarch64", 128)]}
+    assert len({fp.key for fp in keys.values()}) == 4
+    assert [fp.key.split("/")[1] for fp in keys.values()] == ["cpu-amx-t8", "cpu-avx512vnni-t8", "cpu-sve256-t8",
+                                                              "cpu-sve128-t8"]
+    # the same ISA on another SVE length or without a flag that changes torch's build flags: another key still
+    assert _machine_key(monkeypatch, GRAVITON3, "aarch64", 128).key != keys["graviton3"].key
+    assert _machine_key(monkeypatch, ZEN4 - {"avx512_bf16"}, "x86_64", None).key != keys["zen4"].key
+    # flags torch never reads do not split the key
+    assert _machine_key(monkeypatch, ZEN4 - {"clzero", "rdpru"}, "x86_64", None).key == keys["zen4"].key
+
+
+def test_aten_cpu_capability_changes_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = _machine_key(monkeypatch, ZEN4, "x86_64", None)
+    avx2 = _machine_key(monkeypatch, ZEN4, "x86_64", None, {"ATEN_CPU_CAPABILITY": "avx2"})
+    scalar = _machine_key(monkeypatch, ZEN4, "x86_64", None, {"ATEN_CPU_CAPABILITY": "default"})
+    assert len({base.key, avx2.key, scalar.key}) == 3
+    assert avx2.key.split("/")[1] == "cpu-avx2-t8" and scalar.key.split("/")[1] == "cpu-novec-t8"
+    assert avx2.parts["env"] == {"ATEN_CPU_CAPABILITY": "avx2"}  # a harmless enum name: shown
+
+
+def test_this_machine_keys_aten_cpu_capability() -> None:
+    """On the machine the suite runs on, with its real /proc/cpuinfo."""
+    real = fingerprint.compute(env={}, torch=CPU_TORCH)
+    avx2 = fingerprint.compute(env={"ATEN_CPU_CAPABILITY": "avx2"}, torch=CPU_TORCH)
+    assert real.key != avx2.key or real.parts["cpu_isa"] == "avx2"
+    assert real.key != fingerprint.compute(env={"ATEN_CPU_CAPABILITY": "default"}, torch=CPU_TORCH).key or \
+        real.parts["cpu_isa"] == "novec"
+
+
+def test_the_compiler_is_keyed_by_what_it_resolves_to(tmp_path: Path) -> None:
+    bin_a, bin_b = tmp_path / "a", tmp_path / "b"
+    for folder, target in ((bin_a, "g++-12"), (bin_b, "g++-13")):
+        folder.mkdir()
+        real = folder / target
+        real.write_text("#!/bin/sh\n")
+        real.chmod(0o755)
+        (folder / "g++").symlink_to(real)
+    a = compute({"PATH": str(bin_a)})
+    assert a.parts["cxx"] == "g++-12"
+    assert compute({"PATH": str(bin_b)}).key != a.key
+    assert compute({"PATH": str(bin_b), "CXX": str(bin_a / "g++")}).parts["cxx"] == "g++-12"
+    assert compute({"PATH": str(tmp_path / "none")}).parts["cxx"] == "missing"
+    odd = tmp_path / "tok en@secret"
+    odd.mkdir()
+    (odd / "c++ with spaces").write_text("#!/bin/sh\n")
+    (odd / "c++ with spaces").chmod(0o755)
+    hidden = compute({"CXX": str(odd / "c++ with spaces")}).parts["cxx"]
+    assert isinstance(hidden, str) and re.fullmatch(r"hidden:[0-9a-f]{16}", hidden)
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [(None, ["A100", "H100"]), ("1", ["H100"]), ("1,0", ["H100", "A100"]), ("0,7", ["A100"])],
+)
+def test_cuda_visible_devices_picks_the_gpus(visible: str | None, expected: list[str]) -> None:
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert fingerprint.visible_gpus(["A100", "H100"], env) == expected
+
+
+def test_cuda_visible_devices_by_uuid_on_a_mixed_host_is_keyed() -> None:
+    mixed = fingerprint.visible_gpus(["A100", "H100"], {"CUDA_VISIBLE_DEVICES": "GPU-1234"})
+    assert mixed[:2] == ["A100", "H100"] and re.fullmatch(r"hidden:[0-9a-f]{16}", mixed[2])
+    assert fingerprint.visible_gpus(["H100", "H100"], {"CUDA_VISIBLE_DEVICES": "GPU-1234"}) == ["H100", "H100"]
 
 
 # --- torch_info --------------------------------------------------------------------------------------

@@ -123,7 +123,10 @@ def test_torch_repro_lines_are_scrubbed_in_place() -> None:
               "os.environ['TORCHINDUCTOR_MAX_AUTOTUNE'] = '1'\n"
               "os.environ['TORCHINDUCTOR_CACHE_DIR'] = '/tmp/inductor'\n"
               "os.environ['TORCH_HUB_TOKEN'] = 'tok'\n"
-              "os.environ['TORCHINDUCTOR_NEW_KNOB'] = 'caf\u00e9-value'\n")
+              "os.environ['TORCHINDUCTOR_NEW_KNOB'] = 'caf\u00e9-value'\n"
+              f"os.environ['TORCH_REMOTE_STORE'] = '{REDIS_URL}'\n"
+              "os.environ['TORCH_COMPILE_DEBUG_DIR'] = '/home/ci/tok-4f2a9c/debug'\n"
+              "os.environ['ATEN_CPU_CAPABILITY'] = 'avx2'\n")
     blob = pickle.dumps({"runnable_graph_str": script, "code": "def call(args): ..."}, protocol=4)
     scrubbed = envpolicy.scrub_torch_artifact(blob)
     assert len(scrubbed) == len(blob) and PASSWORD.encode() not in scrubbed
@@ -131,10 +134,15 @@ def test_torch_repro_lines_are_scrubbed_in_place() -> None:
     assert loaded["code"] == "def call(args): ..."
     lines = loaded["runnable_graph_str"].splitlines()
     assert lines[1] == "os.environ['TORCHINDUCTOR_REDIS_URL'] = '" + "*" * len(REDIS_URL) + "'"
-    assert lines[2:4] == ["os.environ['TORCHINDUCTOR_MAX_AUTOTUNE'] = '1'",
-                          "os.environ['TORCHINDUCTOR_CACHE_DIR'] = '/tmp/inductor'"]
+    assert lines[2] == "os.environ['TORCHINDUCTOR_MAX_AUTOTUNE'] = '1'"  # shown in the fingerprint: kept
+    # a path is not known to be harmless (it may hold a token): blanked like any value the fingerprint hides
+    assert lines[3] == "os.environ['TORCHINDUCTOR_CACHE_DIR'] = '" + "*" * len("/tmp/inductor") + "'"
     assert lines[4] == "os.environ['TORCH_HUB_TOKEN'] = '***'"
     assert lines[5] == "os.environ['TORCHINDUCTOR_NEW_KNOB'] = '" + "*" * len("caf\u00e9-value".encode()) + "'"
+    # torch copies names that merely contain TORCH (its own filter): those are blanked too, paths included
+    assert lines[6] == "os.environ['TORCH_REMOTE_STORE'] = '" + "*" * len(REDIS_URL) + "'"
+    assert lines[7] == "os.environ['TORCH_COMPILE_DEBUG_DIR'] = '" + "*" * len("/home/ci/tok-4f2a9c/debug") + "'"
+    assert lines[8] == "os.environ['ATEN_CPU_CAPABILITY'] = 'avx2'"
     plain = pickle.dumps({"code": "no repro here"})
     assert envpolicy.scrub_torch_artifact(plain) is plain
 
