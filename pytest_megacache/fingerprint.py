@@ -143,7 +143,7 @@ def sve_bits(machine: str | None = None) -> int | None:
     try:
         import ctypes
 
-        vl = ctypes.CDLL(None, use_errno=True).prctl(_PR_SVE_GET_VL, 0, 0, 0, 0)
+        vl = int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SVE_GET_VL, 0, 0, 0, 0))
         if vl > 0:
             return (vl & 0xFFFF) * 8
     except (OSError, AttributeError, ValueError):
