@@ -13,6 +13,10 @@ Errors are one line on stderr, never a traceback: a bad argument or setting exit
 anything unexpected with 1. An object that fails validation is refused on a line naming it, and the others are
 still processed. A reader that goes away (``pytest-megacache ls --json | head -1``) ends the command quietly
 with status 141 (128 + SIGPIPE, as a process the signal killed reports it).
+
+The store options of the commands that read a store live in :mod:`.storeopts` (shared with :mod:`.doctor`). What
+``--help`` prints is plain text written for users (:data:`DESCRIPTION`, :data:`EPILOG`, one ``*_HELP`` per command),
+not these docstrings.
 """
 
 from __future__ import annotations
@@ -29,22 +33,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from . import bundle as bundlemod
+from . import doctor as doctormod
 from .errors import BundleError, StoreError, redact
 from .fingerprint import TorchUnavailable, compute
 from .layout import FINGERPRINT_SEGMENTS, SCOPE_MAX, Layout, valid_key, valid_scope
-from .report import human_bytes
+from .report import human_age, human_bytes, plural
 from .settings import OPTIONS, Settings, SettingsError, resolve
+from .storeopts import STORE_FIELDS, add_store_options, cli_flags
 from .stores import LocalDirStore, ObjectInfo, Store, from_settings
 
 PROG = "pytest-megacache"
 PROGRESS_MIN_BYTES = 4 * 1000 * 1000  # transfers above this (decimal MB, as human_bytes prints) show progress
-# The CLI's own flag for each store setting. Settings errors name the plugin's flags (--megacache-bucket ...):
-# _cli_flags rewrites them to these.
-CLI_FLAGS = {"bucket": "--bucket", "directory": "--dir", "prefix": "--prefix", "endpoint_url": "--endpoint-url"}
-STORE_FIELDS = tuple(CLI_FLAGS)
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?b?|b)?", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -65,14 +67,6 @@ def _say_error(message: str) -> None:
         print(f"{PROG}: {line}", file=sys.stderr)
 
 
-def _cli_flags(message: str) -> str:
-    """``message`` (from the plugin's settings) with each store option's plugin flag replaced by the CLI's."""
-    for opt in OPTIONS:
-        if opt.name in CLI_FLAGS:
-            message = re.sub(re.escape(opt.flag) + r"(?![\w-])", CLI_FLAGS[opt.name], message)
-    return message
-
-
 def parse_size(text: str) -> int:
     """``500MB``, ``2GB``, ``1.5 GiB`` or plain bytes -> bytes (KB/MB/GB are decimal, like the output)."""
     match = _SIZE.fullmatch(text.strip())
@@ -90,18 +84,6 @@ def _days(text: str) -> float:
     if not 0 <= value < 1e6:
         raise argparse.ArgumentTypeError(f"{text!r} must be a number of days >= 0")
     return value
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}" + ("" if count == 1 else "s")
-
-
-def human_age(seconds: float) -> str:
-    s = max(0.0, seconds)
-    for limit, unit, div in ((60, "s", 1), (3600, "m", 60), (86400, "h", 3600)):
-        if s < limit:
-            return f"{int(s // div)}{unit}"
-    return f"{int(s // 86400)}d"
 
 
 def _table(rows: list[list[str]], right: frozenset[int]) -> list[str]:
@@ -173,7 +155,7 @@ def _store_settings(args: argparse.Namespace) -> Settings:
         return resolve(cli=lambda name: getattr(args, name, None) if name in STORE_FIELDS else None,
                        env=env, ini=lambda _name: None)
     except SettingsError as exc:
-        raise UsageProblem(_cli_flags(str(exc))) from exc
+        raise UsageProblem(cli_flags(str(exc))) from exc
 
 
 def _open_store(args: argparse.Namespace) -> tuple[Store, Settings]:
@@ -287,10 +269,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print("\n".join(_ls_lines(groups, this, now, args.verbose)))
         total = sum(g.size for g in groups)
         count = sum(len(g.objects) for g in groups)
-        print(f"{_n(count, 'object')}, {human_bytes(total)}, {_n(len(groups), 'fingerprint')} in "
-              f"{_n(len({g.scope for g in groups}), 'scope')} ({settings.store_label()})")
+        print(f"{plural(count, 'object')}, {human_bytes(total)}, {plural(len(groups), 'fingerprint')} in "
+              f"{plural(len({g.scope for g in groups}), 'scope')} ({settings.store_label()})")
     if ignored:
-        print(f"({_n(ignored, 'object')} outside the <scope>/<fingerprint>/ layout ignored)")
+        print(f"({plural(ignored, 'object')} outside the <scope>/<fingerprint>/ layout ignored)")
     return 0
 
 
@@ -330,23 +312,23 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     doomed = select_for_prune(objects, args.older_than, args.max_bytes, now)
     freed = sum(o.info.size for o in doomed)
     where = settings.store_label() + (f" (scope {only.scope})" if only.scope else "")
-    left = f"{_n(len(objects) - len(doomed), 'object')} ({human_bytes(sum(o.info.size for o in objects) - freed)}) remain"
+    left = f"{plural(len(objects) - len(doomed), 'object')} ({human_bytes(sum(o.info.size for o in objects) - freed)}) remain"
     if not doomed:
         print(f"nothing to prune in {where}: {left}")
         return 0
     if not args.yes:
         for obj in doomed:
             print(f"would delete {_describe(obj, now)}")
-        print(f"dry run: nothing deleted. {len(doomed)} of {_n(len(objects), 'object')} ({human_bytes(freed)}) in {where} "
+        print(f"dry run: nothing deleted. {len(doomed)} of {plural(len(objects), 'object')} ({human_bytes(freed)}) in {where} "
               "would go; run again with --yes to delete them")
         return 0
     for done, obj in enumerate(doomed):
         try:
             store.delete(obj.folder, obj.info.name)
         except StoreError as exc:
-            raise StoreError(f"deleted {done} of {_n(len(doomed), 'object')}, then: {exc}", exc.kind) from exc
+            raise StoreError(f"deleted {done} of {plural(len(doomed), 'object')}, then: {exc}", exc.kind) from exc
         print(f"deleted {_describe(obj, now)}")
-    print(f"deleted {_n(len(doomed), 'object')} from {where}, freed {human_bytes(freed)}; {left}")
+    print(f"deleted {plural(len(doomed), 'object')} from {where}, freed {human_bytes(freed)}; {left}")
     return 0
 
 
@@ -459,7 +441,7 @@ def transfer(src: Store, dst: Store, prefix: str, only: ObjectFilter, verb: str,
 
 def _summary(verb: str, tally: Tally, src_label: str, dst_label: str) -> str:
     past = {"pull": "pulled", "push": "pushed"}[verb]
-    line = f"{past} {_n(tally.copied, 'object')} ({human_bytes(tally.bytes)}) from {src_label} to {dst_label}"
+    line = f"{past} {plural(tally.copied, 'object')} ({human_bytes(tally.bytes)}) from {src_label} to {dst_label}"
     notes = [f"{tally.present} already present"] if tally.present else []
     notes += [f"{tally.refused} refused"] if tally.refused else []
     notes += [f"{tally.vanished} gone before they could be read"] if tally.vanished else []
@@ -582,18 +564,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 # --- the parser --------------------------------------------------------------------------------------
 
 
-def _add_store_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("store", "each falls back to its MEGACACHE_* environment variable")
-    group.add_argument(CLI_FLAGS["bucket"], "--megacache-bucket", dest="bucket", metavar="NAME",
-                       help="S3 bucket (MEGACACHE_BUCKET); credentials come from boto3's usual chain")
-    group.add_argument(CLI_FLAGS["directory"], "--megacache-dir", dest="directory", metavar="DIR",
-                       help="local directory store (MEGACACHE_DIR)")
-    group.add_argument(CLI_FLAGS["prefix"], "--megacache-prefix", dest="prefix", metavar="PREFIX",
-                       help=f"key prefix (MEGACACHE_PREFIX; default: {Settings().prefix})")
-    group.add_argument(CLI_FLAGS["endpoint_url"], "--megacache-endpoint-url", dest="endpoint_url", metavar="URL",
-                       help="S3-compatible endpoint (MEGACACHE_ENDPOINT_URL; AWS_ENDPOINT_URL_S3 works too)")
-
-
 def _add_filter(parser: argparse.ArgumentParser, fingerprint: bool = True) -> None:
     parser.add_argument("--scope", metavar="SCOPE", help="only this scope (a branch name; '/' is read as '+')")
     if fingerprint:
@@ -601,57 +571,112 @@ def _add_filter(parser: argparse.ArgumentParser, fingerprint: bool = True) -> No
                             help="only this environment's fingerprint, every one (default) or the given key")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").replace("``", ""),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+# The help texts: plain text for users (the docstrings above are for developers).
+DESCRIPTION = """\
+Look after the cache pytest-megacache keeps, without running pytest: this environment's fingerprint, what a
+store holds, pruning it, copying objects between a store and a local directory, and checking a CI setup."""
+EPILOG = """\
+The store is an S3 bucket (--bucket) or a directory (--dir); each store option falls back to its MEGACACHE_*
+environment variable, as in a pytest session. Objects are kept as PREFIX/SCOPE/FINGERPRINT/NAME.mcb, where
+SCOPE is a branch name ('/' written as '+') and FINGERPRINT is what `pytest-megacache key` prints. Anything
+else under the prefix is left alone.
 
-    key = sub.add_parser("key", help="print this environment's fingerprint (an actions/cache key)")
+Errors are one line on stderr. Exit status: 0 when all went well; 1 when an object was refused, the store
+failed or a doctor check failed; 2 for a bad argument or setting; 141 when the reader of the output went
+away (as in `pytest-megacache ls | head -1`).
+
+Run `pytest-megacache COMMAND --help` for a command's options."""
+KEY_HELP = """\
+Print this environment's fingerprint: the key the plugin stores and looks up compiled artifacts under. It names
+torch's version, the device, Python and the platform, then a short hash of all it depends on (versions, CPU
+flags, the C++ compiler, TORCHINDUCTOR_* settings and more). Worked out without importing torch; exit status 2
+when torch is not installed."""
+INSPECT_HELP = """\
+Validate bundles, given as files or as objects in the store, and show what each holds: its fingerprint, the
+number of entries and their size, when it was made, and the entries of each kind (their names with -v).
+Exit status 1 when any of them is refused."""
+LS_HELP = """\
+List what the store holds, one line per scope and fingerprint: the number of objects, their size, and the age
+of the newest and oldest. This environment's fingerprint is marked "(this)"."""
+PRUNE_HELP = """\
+Delete objects last modified more than --older-than DAYS ago, and/or the oldest ones beyond a --max-bytes budget
+(the newest are kept). Without --yes it only prints what it would delete."""
+PULL_HELP = """\
+Copy objects from the store into a local directory store, such as a directory your CI caches between runs.
+Each object is validated first; one that is there already is left as it is. Exit status 1 when any is refused."""
+PUSH_HELP = """\
+Copy objects from a local directory store into the store. Each object is validated first; one that is there
+already is left as it is. Exit status 1 when any is refused."""
+DOCTOR_HELP = """\
+Check a CI setup, one line per check: torch and triton, the fingerprint, the settings, the store (for S3:
+credentials and where they came from, the bucket, listing, and writing a small object that is deleted again;
+for a directory: that it exists or can be made, listing, writing), the signing key, and what a session would
+restore here (when nothing, the nearest stored fingerprint and what differs).
+
+Settings come from the options below and the MEGACACHE_* environment variables, as in a pytest session; ini
+files are not read. The store checks share one time budget, --megacache-timeout. Credentials in what is
+printed (environment values not known to be harmless, a URL's user:password) are masked.
+Exit status 0 when a session would work (warnings allowed), 1 otherwise."""
+
+
+def _command(sub: Any, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=description,
+                                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    key = _command(sub, "key", "print this environment's fingerprint (an actions/cache key)", KEY_HELP)
     key.add_argument("--json", action="store_true", help="print every part of the fingerprint")
     key.add_argument("--flat", action="store_true", help="replace '/' with '-'")
     key.set_defaults(func=_cmd_key)
 
-    inspect = sub.add_parser("inspect", help="validate bundles (files or store objects) and list what they hold")
-    inspect.add_argument("paths", nargs="*", help="bundle files")
+    inspect = _command(sub, "inspect", "validate bundles (files or store objects) and list what they hold",
+                       INSPECT_HELP)
+    inspect.add_argument("paths", nargs="*", metavar="FILE", help="bundle files")
     inspect.add_argument("--store-object", dest="store_objects", action="append", default=[],
                          metavar="SCOPE/FINGERPRINT/NAME", help="fetch this object from the store (repeatable)")
     inspect.add_argument("-v", "--verbose", action="store_true", help="list every entry's name")
-    _add_store_options(inspect)
+    add_store_options(inspect)
     inspect.set_defaults(func=_cmd_inspect)
 
-    ls = sub.add_parser("ls", help="fingerprints per scope: objects, size, ages")
+    ls = _command(sub, "ls", "fingerprints per scope: objects, size, ages", LS_HELP)
     _add_filter(ls)
     ls.add_argument("--json", action="store_true", help="a machine-readable list")
     ls.add_argument("-v", "--verbose", action="store_true", help="list every object under its fingerprint")
-    _add_store_options(ls)
+    add_store_options(ls)
     ls.set_defaults(func=_cmd_ls)
 
-    prune = sub.add_parser("prune", help="delete old objects and/or the oldest beyond a size budget (dry run by default)")
+    prune = _command(sub, "prune", "delete old objects and/or the oldest beyond a size budget (dry run by default)",
+                     PRUNE_HELP)
     prune.add_argument("--older-than", type=_days, metavar="DAYS", help="objects last modified more than DAYS ago")
     prune.add_argument("--max-bytes", type=parse_size, metavar="SIZE",
                        help="keep the newest objects within SIZE (500MB, 2GB, bytes) in total; delete the older rest")
     _add_filter(prune, fingerprint=False)
     prune.add_argument("--yes", action="store_true", help="delete (without it: print what would be deleted)")
-    _add_store_options(prune)
+    add_store_options(prune)
     prune.set_defaults(func=_cmd_prune)
 
-    pull = sub.add_parser("pull", help="copy objects from the store into a local directory store")
+    pull = _command(sub, "pull", "copy objects from the store into a local directory store", PULL_HELP)
     pull.add_argument("--to", required=True, metavar="DIR", help="local directory store (created if needed)")
     _add_filter(pull)
     pull.add_argument("-v", "--verbose", action="store_true", help="a line per object copied")
-    _add_store_options(pull)
+    add_store_options(pull)
     pull.set_defaults(func=_cmd_pull)
 
-    push = sub.add_parser("push", help="copy objects from a local directory store into the store")
+    push = _command(sub, "push", "copy objects from a local directory store into the store", PUSH_HELP)
     push.add_argument("--from", dest="from_", required=True, metavar="DIR", help="local directory store")
     _add_filter(push)
     push.add_argument("-v", "--verbose", action="store_true", help="a line per object copied")
-    _add_store_options(push)
+    add_store_options(push)
     push.set_defaults(func=_cmd_push)
 
-    from . import doctor as doctormod  # here, not at the top: doctor imports this module's helpers
-
-    doctor = sub.add_parser("doctor", help="check a CI setup: torch, fingerprint, store, signing key, what would be restored")
+    doctor = _command(sub, "doctor", "check a CI setup: torch, fingerprint, store, signing key, what would be restored",
+                      DOCTOR_HELP)
     doctormod.add_arguments(doctor)
     doctor.set_defaults(func=doctormod.run)
     return parser

@@ -6,7 +6,7 @@ is deleted again; a directory: exists or can be created, listing, writing a prob
 what a session would restore for this fingerprint and scope (or, when nothing, the nearest stored fingerprint
 and what differs: :func:`.core.nearest_fingerprint`, the plugin's own why-miss diagnosis).
 
-Settings come from the store flags (as for the other commands), the session flags a pytest command line would
+Settings come from the store flags (:mod:`.storeopts`, as for the other commands), the session flags a pytest command line would
 carry (``--megacache-mode``, ``--megacache-timeout``, ...) and every ``MEGACACHE_*`` variable, resolved by the
 plugin's own code; ini files are not read. Every store operation runs against one wall-clock budget,
 ``--megacache-timeout`` (:mod:`.deadline`). Any failure is one ``FAIL`` line, never a traceback, and every line
@@ -28,14 +28,14 @@ from typing import Any
 
 from . import bundle as bundlemod
 from . import ci_env
-from .cli import STORE_FIELDS, _add_store_options, _cli_flags, _n, human_age
 from .deadline import Deadline, bounded
 from .errors import StoreError, redact
 from .fingerprint import Fingerprint, TorchUnavailable, compute, torch_info
 from .keys import SIGNING_KEY_ENV
 from .layout import Layout
-from .report import human_bytes
+from .report import human_age, human_bytes, plural
 from .settings import OPTIONS, Settings, SettingsError, resolve
+from .storeopts import STORE_FIELDS, add_store_options, cli_flags
 from .stores import LocalDirStore, ObjectInfo, S3Store, Store, from_settings, new_object_name
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -174,7 +174,7 @@ class Doctor:
             settings = resolve(cli=lambda name: getattr(self.args, name, None) if name in names else None,
                                env=self.env, ini=lambda _name: None)
         except SettingsError as exc:
-            return Check("settings", FAIL, _cli_flags(str(exc)))
+            return Check("settings", FAIL, cli_flags(str(exc)))
         if "mode" not in settings.explicit and settings.mode == "readwrite":  # as the plugin decides it
             fork = ci_env.is_fork_pull_request(self.env)
             if fork.fork:
@@ -291,7 +291,7 @@ class Doctor:
         except StoreError as exc:
             return Check("list", FAIL if self.settings.reads else WARN, str(exc))
         counts = [sum(f == folder for f, _ in self.listing) for folder in folders]
-        where = ", ".join((f"{_n(n, 'object')} of this fingerprint" if i == 0 else str(n)) + f" in {scope}"
+        where = ", ".join((f"{plural(n, 'object')} of this fingerprint" if i == 0 else str(n)) + f" in {scope}"
                           for i, (n, scope) in enumerate(zip(counts, self.read_scopes, strict=True)))
         return Check("list", OK, f"allowed: {where}", {"objects": len(self.listing)})
 
@@ -360,7 +360,7 @@ class Doctor:
         oldest = min(info.modified for _, info in self.listing)
         per_scope = {scope: sum(f == Layout(s.prefix).folder(scope, self.fp.key) for f, _ in self.listing)
                      for scope in self.read_scopes}
-        finding = (f"{_n(len(self.listing), 'object')}, {human_bytes(size)} for this fingerprint ("
+        finding = (f"{plural(len(self.listing), 'object')}, {human_bytes(size)} for this fingerprint ("
                    + ", ".join(f"{k}: {v}" for k, v in per_scope.items() if v)
                    + f"); newest {human_age(now - newest[1].modified)}, oldest {human_age(now - oldest)}")
         details: dict[str, object] = {"objects": len(self.listing), "bytes": size, "scopes": per_scope,
@@ -426,7 +426,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                    help=f"{opt.help} [{opt.env}]")
             else:
                 group.add_argument(opt.flag, dest=opt.name, metavar=opt.name.upper(), help=f"{opt.help} [{opt.env}]")
-    _add_store_options(parser)
+    add_store_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:

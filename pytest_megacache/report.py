@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .fsutil import write_atomic
 from .torch_adapter import MISS_COUNTERS, counter_sum  # a light module: it imports no torch
 
 if TYPE_CHECKING:
@@ -240,6 +241,20 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def human_age(seconds: float) -> str:
+    """An age in its largest whole unit: ``42s``, ``5m``, ``3h``, ``12d``."""
+    s = max(0.0, seconds)
+    for limit, unit, div in ((60, "s", 1), (3600, "m", 60), (86400, "h", 3600)):
+        if s < limit:
+            return f"{int(s // div)}{unit}"
+    return f"{int(s // 86400)}d"
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 object``, ``2 objects``."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def slowest_uncached(torch: TorchStats | None, n: int) -> list[tuple[str, dict[str, Any]]]:
     """The ``n`` tests with the most compile seconds that the cache did not cover (tests with misses)."""
     per_test = torch.per_test if torch is not None else {}
@@ -392,9 +407,7 @@ def markdown(report: SessionReport, durations: int = 0) -> str:
 def write_json(path: str, report: SessionReport) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, target)
+    write_atomic(target, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())
 
 
 def append_step_summary(report: SessionReport, env: Mapping[str, str] | None = None, durations: int = 0) -> None:

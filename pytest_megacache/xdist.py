@@ -25,6 +25,7 @@ from typing import Any
 from . import bundle as bundlemod
 from .bundle import Entries, Entry
 from .errors import BundleError, StoreError, redact_cut
+from .fsutil import write_atomic
 from .report import ProcessTimes
 from .stores import LocalDirStore, ObjectInfo, new_object_name
 
@@ -68,9 +69,7 @@ def stage(stage_dir: Path, entries: Entries, fingerprint: str, ok: bool) -> byte
     blob = bundlemod.encode(entries, fingerprint) if entries else None
     if blob is not None:
         LocalDirStore(stage_dir).put(STAGE_FOLDER, new_object_name(), blob)
-    tmp = stage_dir / f".{READY}.tmp"
-    tmp.write_text(json.dumps({"ok": ok, "entries": len(entries)}))
-    os.replace(tmp, stage_dir / READY)
+    write_atomic(stage_dir / READY, json.dumps({"ok": ok, "entries": len(entries)}).encode())
     return blob
 
 
@@ -99,9 +98,7 @@ def hand_over(stage_dir: Path | None, worker_id: str, entries: Entries, fingerpr
         out = stage_dir / OUT_FOLDER
         out.mkdir(exist_ok=True)
         target = out / f"{worker_id}-{os.getpid()}.mcb"
-        tmp = target.with_suffix(".tmp")
-        tmp.write_bytes(blob)
-        os.replace(tmp, target)
+        write_atomic(target, blob)
         return {"object": str(target), "sha256": digest}
     return {"object": None, "data": blob, "sha256": digest}
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import bundle, cli
+from pytest_megacache import bundle, cli, storeopts
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.fingerprint import TorchUnavailable
 from pytest_megacache.report import human_bytes
@@ -152,7 +152,36 @@ def test_setting_errors_from_the_environment_name_the_variable(capsys: pytest.Ca
 
 def test_cli_flags_rewrites_only_store_flags() -> None:
     text = "a (--megacache-bucket), b (--megacache-dir), c (--megacache-mode), d (--megacache-directory-x)"
-    assert cli._cli_flags(text) == "a (--bucket), b (--dir), c (--megacache-mode), d (--megacache-directory-x)"
+    assert storeopts.cli_flags(text) == "a (--bucket), b (--dir), c (--megacache-mode), d (--megacache-directory-x)"
+
+
+COMMANDS = ("key", "inspect", "ls", "prune", "pull", "push", "doctor")
+# What developer docstrings hold and users should not read: Sphinx roles, reST literals, code references.
+MARKUP = (":mod:", ":class:", ":func:", ":data:", ":meth:", ":attr:", "``", "::", "`.", "_cmd_", "_add_")
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_help_is_plain_text_with_a_description(capsys: pytest.CaptureFixture[str], command: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "120")
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--help"] if command else ["--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    assert not [m for m in MARKUP if m in out], out
+    usage, description = out.split("\n\n")[:2]
+    assert usage.startswith(f"usage: pytest-megacache {command}".rstrip())
+    assert len(description) > 80 and not description.startswith(("options:", "positional arguments:")), out
+    if not command:
+        assert all(f"    {c} " in out for c in COMMANDS), out  # each command listed with its one-line summary
+
+
+def test_the_commands_and_the_doctor_import_no_circle() -> None:
+    """doctor takes the store options from storeopts, not from cli: importing it alone loads no cli."""
+    code = ("import sys; import pytest_megacache.doctor, pytest_megacache.storeopts; "
+            "print('pytest_megacache.cli' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_store_options_fall_back_to_the_environment(capsys: pytest.CaptureFixture[str], tmp_path: Path,
