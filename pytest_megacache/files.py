@@ -2,8 +2,9 @@
 
 On CPU, an FX-graph cache hit still makes g++ rebuild every kernel: the ``.so`` files live only in
 TORCHINDUCTOR_CACHE_DIR. This module snapshots a cache directory, collects the files a session added,
-and restores files into a fresh directory: atomically (temp file + ``os.replace``), never overwriting
-what is there, never following a link, never leaving the directory.
+and restores files into a fresh directory: atomically (a temporary file moved into place,
+:func:`.fsutil.write_atomic`), never overwriting what is there, never following a link (when reading either,
+:func:`.fsutil.read_regular`), never leaving the directory.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ except ImportError:  # pragma: no cover - Windows
 
 from .bundle import FILE_PREFIX, Entries, Entry, validate_file_path
 from .errors import BundleError
+from .fsutil import read_regular, write_atomic
 
 # What must not travel (locks, temp files, the precompiled header, Inductor's copy of Triton kernels that
 # travel inside FX-graph entries, dynamic-shape profiles). (Inductor's "triton" folder here is its own; a
@@ -155,14 +157,15 @@ def pch_problem(name: str, data: bytes) -> str | None:
 
 def _read_under_torch_lock(root: Path, rel: str, timeout: float) -> bytes | None:
     """The file's bytes, read while holding (shared) the flock Inductor builds it under, if it has one.
-    None when the lock stays taken past ``timeout`` (a build still running elsewhere)."""
+    None when the lock stays taken past ``timeout`` (a build still running elsewhere). Raises OSError, also for a
+    link or anything but a regular file of at most MAX_FILE_BYTES (:func:`.fsutil.read_regular`)."""
     key = rel.rsplit("/", 1)[-1].split(".", 1)[0]
     try:
         if fcntl is None:  # pragma: no cover - Windows: no flock, read as is
             raise OSError("no flock")
         fd = os.open(root / "locks" / f"{key}.lock", os.O_RDONLY)
     except OSError:  # no lock file: nothing of Inductor's builds this file
-        return (root / rel).read_bytes()
+        return read_regular(root / rel, MAX_FILE_BYTES)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -174,7 +177,7 @@ def _read_under_torch_lock(root: Path, rel: str, timeout: float) -> bytes | None
                     return None
                 time.sleep(0.05)
         try:
-            return (root / rel).read_bytes()
+            return read_regular(root / rel, MAX_FILE_BYTES)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
@@ -301,26 +304,5 @@ class FileRoot:
             raise BundleError(f"resolves outside {root}")
         if os.path.lexists(target):
             return False
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-megacache-", dir=parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(entry.data)
-            os.chmod(tmp, entry.mode & 0o755)
-            # link() fails if the name appeared meanwhile: never overwrite a concurrent writer.
-            try:
-                os.link(tmp, target)
-                return True
-            except FileExistsError:
-                return False
-            except OSError:
-                if os.path.lexists(target):
-                    return False
-                os.replace(tmp, target)
-                tmp = ""
-                return True
-        finally:
-            if tmp:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+        # Never over a name that appeared meanwhile (a concurrent writer's file stays).
+        return write_atomic(target, entry.data, mode=entry.mode & 0o755, replace=False)

@@ -228,9 +228,12 @@ def test_restore_stops_when_the_disk_is_full(root: FileRoot, monkeypatch: pytest
     def full(*_args: object, **_kwargs: object) -> tuple[int, str]:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("tempfile.mkstemp", full)
+    root.path.mkdir()
+    monkeypatch.setattr("os.write", full)  # the data's write is where a full disk shows
     with pytest.raises(OSError, match="No space left"):
         root.restore([Entry("file/inductor", "k.so", elf(b"x"))])
+    monkeypatch.undo()
+    assert list(root.path.iterdir()) == []  # nor a temporary file left behind
 
 
 def test_restore_allows_a_symlinked_directory_inside_the_root(root: FileRoot) -> None:
