@@ -38,12 +38,21 @@ from typing import Any
 
 from .fsutil import read_regular, write_atomic
 
-__all__ = ["MARKER_SUFFIX", "MODULE", "ProbeProxy", "arm", "check_seconds", "counts", "disarm", "install",
-           "loader_identity", "marker_path", "record", "reset_counts", "reusable", "uninstall"]
+__all__ = ["MARKER_SUFFIX", "MODULE", "TORCH_RECORDS_NOTE", "TORCH_RECORD_SUFFIX", "ProbeProxy", "arm", "check_seconds",
+           "counts", "disarm", "install", "loader_identity", "marker_path", "record", "reset_counts", "reusable",
+           "torch_records_itself", "uninstall"]
 
 MODULE = "torch._inductor.cpu_vec_isa"
 PLACEHOLDER = "__lib_path__"  # where torch's template takes the library's path
 MARKER_SUFFIX = ".megacache-loads.json"
+# torch 2.14 and later record a check that succeeded themselves: an empty <library>.load_ok beside the library
+# (see torch_records_itself). Which ISAs are checked at all is still decided by the CPU's own flags first
+# (cpu_vec_isa.valid_vec_isa_list: a candidate the CPU lacks is never checked, so its record is never read).
+TORCH_RECORD_SUFFIX = ".load_ok"
+RUNS_EVERYWHERE = "torch's vector-ISA check runs in every process: "
+TORCH_RECORDS_NOTE = ("torch's vector-ISA check records its own successes (a .load_ok file beside each check's library "
+                      "in the Inductor cache directory): those records travel with the cache, and a check runs only "
+                      "for an ISA this CPU has and no record covers")
 MARKER_VERSION = 1
 MAX_MARKER_BYTES = 4096
 MAX_LIBRARY_BYTES = 64 << 20  # the probe libraries are tens of KB
@@ -259,16 +268,29 @@ class ProbeProxy:
         return self._call(self._real.check_call, args, kwargs, lambda argv: 0, lambda result: result == 0)
 
 
+def torch_records_itself(module: ModuleType) -> bool:
+    """Whether this torch keeps its own record of a check that succeeded (torch 2.14 and later: ``check_build``
+    writes an empty ``<library>.load_ok`` beside the library in the Inductor cache directory once the load
+    succeeded, and a later check of the same library takes it instead of loading the library again). Read from
+    the code of ``VecISA.check_build``, never by calling it."""
+    code = getattr(getattr(getattr(module, "VecISA", None), "check_build", None), "__code__", None)
+    consts = getattr(code, "co_consts", ())
+    return isinstance(consts, tuple) and TORCH_RECORD_SUFFIX in consts
+
+
 def install(module: ModuleType) -> str | None:
-    """Put the proxy in ``module`` (torch's ``cpu_vec_isa``); None when done, else why not."""
+    """Put the proxy in ``module`` (torch's ``cpu_vec_isa``); None when done, else a note for the session's
+    summary saying what happens instead."""
     current = getattr(module, "subprocess", None)
     if isinstance(current, ProbeProxy):
         return None
+    if torch_records_itself(module):
+        return TORCH_RECORDS_NOTE
     template = getattr(getattr(module, "VecISA", None), "_avx_py_load", None)
     if not isinstance(template, str) or template.count(PLACEHOLDER) != 1:
-        return "this torch's vector-ISA check has another form"
+        return RUNS_EVERYWHERE + "this torch's vector-ISA check has another form"
     if not isinstance(current, ModuleType) or current.__name__ != "subprocess":
-        return "this torch's vector-ISA check does not go through subprocess"
+        return RUNS_EVERYWHERE + "this torch's vector-ISA check does not go through subprocess"
     module.subprocess = ProbeProxy(current, template)  # type: ignore[attr-defined]
     return None
 
@@ -282,14 +304,14 @@ def uninstall(module: ModuleType | None = None) -> None:
 
 def arm(on_problem: Callable[[str], None]) -> Any:
     """Install now if torch's ``cpu_vec_isa`` is imported, else when it is. Returns the import hook to remove
-    (or None). ``on_problem`` hears why it could not be installed."""
+    (or None). ``on_problem`` hears, as a whole sentence, why it was not installed and what happens instead."""
     from .torch_adapter import PostImportHook
 
     def after(module: ModuleType) -> None:
         try:
             why = install(module)
         except Exception as exc:  # noqa: BLE001 - never into torch's import
-            why = f"{type(exc).__name__}: {exc}"
+            why = f"{RUNS_EVERYWHERE}{type(exc).__name__}: {exc}"
         if why:
             on_problem(why)
 

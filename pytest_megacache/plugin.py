@@ -380,7 +380,7 @@ class Compiling(Role):
             self._on_first_compile()
 
     def _isa_not_armed(self, why: str) -> None:
-        self.notes.append(f"torch's vector-ISA check runs in every process: {why}")
+        self.notes.append(why)  # a whole sentence: what happens instead (isaprobe.install)
 
     def start_cache(self) -> None:
         with self.contained("starting the restore"), self._start_lock:

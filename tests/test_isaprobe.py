@@ -280,6 +280,71 @@ def test_install_leaves_another_form_alone(module: ModuleType, why: str) -> None
     assert module.subprocess is before
 
 
+# torch 2.14 and later: a template naming the library twice (a retry after importing torch) and a check that keeps
+# its own record of a success, reduced here to what install() reads.
+TORCH214_FORM = ('\nimport sys\nif sys.platform != "linux":\n    import torch\nfrom ctypes import cdll\ntry:\n'
+                 '    cdll.LoadLibrary("__lib_path__")\nexcept OSError:\n    import torch\n'
+                 '    cdll.LoadLibrary("__lib_path__")\n')
+
+
+class RecordingVecISA:
+    _avx_py_load = TORCH214_FORM
+
+    def check_build(self, code: str) -> bool:
+        output_path = code  # torch: the library it built for this ISA
+        load_ok_marker = output_path + ".load_ok"
+        if os.path.isfile(load_ok_marker):
+            return True
+        ok = subprocess.run([sys.executable, "-c", self._avx_py_load.replace("__lib_path__", output_path)]).returncode == 0
+        if ok:
+            Path(load_ok_marker).write_text("")
+        return ok
+
+
+class UnrecordedVecISA:
+    _avx_py_load = TORCH214_FORM
+
+    def check_build(self, code: str) -> bool:
+        return subprocess.run([sys.executable, "-c", self._avx_py_load.replace("__lib_path__", code)]).returncode == 0
+
+
+def test_a_torch_that_records_its_checks_itself_is_left_alone_and_the_note_says_so() -> None:
+    module = ModuleType("fake_cpu_vec_isa")
+    module.VecISA = RecordingVecISA  # type: ignore[attr-defined]
+    module.subprocess = subprocess  # type: ignore[attr-defined]
+    assert isaprobe.torch_records_itself(module)
+    note = isaprobe.install(module)
+    assert note == isaprobe.TORCH_RECORDS_NOTE and module.subprocess is subprocess
+    assert "every process" not in note and ".load_ok" in note and "travel" in note
+    # The same template without torch's own record: the check would run in every process, and the note says so.
+    module.VecISA = UnrecordedVecISA  # type: ignore[attr-defined]
+    assert not isaprobe.torch_records_itself(module)
+    assert isaprobe.install(module) == isaprobe.RUNS_EVERYWHERE + "this torch's vector-ISA check has another form"
+    assert module.subprocess is subprocess
+
+
+def test_arm_hands_the_session_one_whole_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "fake_recording_isa.py").write_text(textwrap.dedent(f"""
+        import subprocess
+        class VecISA:
+            _avx_py_load = {TORCH214_FORM!r}
+            def check_build(self, code):
+                return bool(code + ".load_ok")
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(isaprobe, "MODULE", "fake_recording_isa")
+    notes: list[str] = []
+    hook = isaprobe.arm(notes.append)
+    try:
+        import fake_recording_isa  # type: ignore[import-not-found]
+
+        assert notes == [isaprobe.TORCH_RECORDS_NOTE]
+        assert fake_recording_isa.subprocess is subprocess
+    finally:
+        isaprobe.disarm(hook)
+        sys.modules.pop("fake_recording_isa", None)
+
+
 def test_arm_waits_for_the_module_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "fake_isa_module.py").write_text(textwrap.dedent(f"""
         import subprocess
