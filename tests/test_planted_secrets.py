@@ -1,0 +1,121 @@
+"""Secrets planted in variables torch copies reach no stored byte, report, terminal line or step summary.
+
+torch's repro text (inside every FX graph it caches, in-process or in a child process's cache files) copies each
+variable whose name *contains* TORCH, DYNAMO, INDUCTOR or TRITON. The planted values cover the prefix form, names
+that merely contain one of those words, and a token inside a path; a child process compiles too, so its cache files
+travel as well.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from pytest_megacache import bundle as bundlemod
+from pytest_megacache import envpolicy
+from pytest_megacache.errors import redact
+from pytest_megacache.files import torch_cache_ident
+
+from .helpers_torch import TorchProject
+
+PLANTED = {
+    "TORCHINDUCTOR_REDIS_URL": "redis://ci:Pl4ntedPrefixPw1@cache.example:6379/0",  # prefix form, URL password
+    "TORCH_REMOTE_STORE": "redis://ci:Pl4ntedSubstrPw2@store.example/0",  # starts with TORCH_, no known prefix
+    "MY_PYTORCH_OPTION": "Pl4ntedInsideName3",  # the word inside the name
+    "CI_DYNAMO_SETTING": "Pl4ntedDynamoValue4",
+}
+PATH_TOKEN = "tok-Pl4ntedPathToken5"
+SECRETS = [*(value.split("@")[0].rsplit(":", 1)[-1] if "@" in value else value for value in PLANTED.values()),
+           PATH_TOKEN]
+
+SECRET_TESTS = textwrap.dedent(
+    """
+    import os, subprocess, sys, textwrap
+    import torch
+
+    def f(x):
+        return torch.sin(x) * 2 + 1
+
+    def test_here():
+        assert torch.allclose(torch.compile(f)(torch.zeros(8)), torch.ones(8))
+
+    def test_in_a_child(tmp_path):
+        child = tmp_path / "child.py"
+        child.write_text(textwrap.dedent('''
+            import torch
+            def g(x):
+                return torch.relu(x - 0.5).cumsum(0)
+            out = torch.compile(g)(torch.ones(8))
+            assert torch.allclose(out, torch.arange(1, 9) * 0.5)
+        '''))
+        subprocess.run([sys.executable, str(child)], check=True, timeout=300)
+    """
+)
+
+
+def _leaks(data: bytes) -> list[str]:
+    return [s for s in SECRETS if s.encode() in data or s.encode("utf-16-le") in data]
+
+
+def test_messages_mask_what_torch_copies() -> None:
+    env = {**PLANTED, "TORCH_COMPILE_DEBUG_DIR": f"/home/ci/{PATH_TOKEN}/debug"}
+    text = " ".join(env.values())
+    out = redact(text, env)
+    assert _leaks(out.encode()) == [], out
+    # the compiler's cache directories stay readable in messages: the plugin names them itself
+    assert redact("/tmp/ind-cache here", {"TORCHINDUCTOR_CACHE_DIR": "/tmp/ind-cache"}) == "/tmp/ind-cache here"
+
+
+def test_an_entry_holding_a_secret_outside_torchs_repro_lines_is_not_stored() -> None:
+    pieces = envpolicy.stored_pieces(PLANTED)
+    assert envpolicy.stored_secret(b"\x00 Pl4ntedInsideName3 \x00", pieces) == "MY_PYTORCH_OPTION"
+    assert envpolicy.stored_secret("x Pl4ntedSubstrPw2 y".encode("utf-16-le"), pieces) == "TORCH_REMOTE_STORE"
+    assert envpolicy.stored_secret(b"harmless bytes", pieces) is None
+
+
+@pytest.mark.torch
+def test_planted_secrets_reach_no_stored_byte_report_output_or_summary(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("torch")
+    store = pytester.path / "store"
+    summary = pytester.path / "step-summary.md"
+    env = {"MEGACACHE_DIR": str(store), "GITHUB_STEP_SUMMARY": str(summary), **PLANTED,
+           "TORCH_COMPILE_DEBUG_DIR": str(pytester.path / PATH_TOKEN / "debug")}
+    project = TorchProject(pytester, env=env, tests=SECRET_TESTS)
+    cold = project.run("-v")
+    cold.result.assert_outcomes(passed=2)
+    assert cold.report is not None and cold.report["upload"]["objects"] == 1
+    warm = project.run("-v")
+    warm.result.assert_outcomes(passed=2)
+    assert warm.fx_hits >= 1 and warm.fx_misses == 0  # the scrubbed entries still load
+
+    for run in (cold, warm):
+        output = "\n".join(run.result.outlines + run.result.errlines)
+        assert "fingerprint torch-" in output  # the plugin did report...
+        assert _leaks(output.encode()) == []  # ...without any planted value
+        assert _leaks((run.root / "report.json").read_bytes()) == []
+    summary_text = summary.read_text()
+    assert summary_text.count("### pytest-megacache") == 2 and _leaks(summary_text.encode()) == []
+
+    stored = sorted(p for p in store.rglob("*") if p.is_file())
+    assert stored and all(_leaks(p.read_bytes()) == [] and _leaks(str(p).encode()) == [] for p in stored)
+    entries: list[bundlemod.Entry] = []
+    for path in (p for p in stored if p.suffix == ".mcb"):
+        header, decoded = bundlemod.decode(path.read_bytes())
+        assert _leaks(json.dumps(header.to_doc(), default=str).encode()) == []
+        entries.extend(decoded)
+    leaking = [(e.kind, e.name, _leaks(e.data)) for e in entries if _leaks(e.data) or _leaks(e.name.encode())]
+    assert leaking == []
+
+    # The check above can fail: the child's FX graph travelled as a file, and torch did copy the planted variables
+    # into the repro text of what was stored (blanked to the same length).
+    child_graphs = [e for e in entries if e.kind == "file/inductor" and torch_cache_ident(e.name) is not None
+                    and torch_cache_ident(e.name)[0] == "torch/inductor"]  # type: ignore[index]
+    assert child_graphs, sorted({e.kind for e in entries})
+    blob = b"".join(e.data for e in entries)
+    for name, value in {**PLANTED, "TORCH_COMPILE_DEBUG_DIR": env["TORCH_COMPILE_DEBUG_DIR"]}.items():
+        line = f"os.environ['{name}'] = '{'*' * len(value.encode())}'".encode()
+        assert line in blob, name
+    assert any(b"os.environ['MY_PYTORCH_OPTION'] = '" + b"*" * len(PLANTED["MY_PYTORCH_OPTION"]) in e.data
+               for e in child_graphs)
