@@ -239,6 +239,22 @@ def gpu_names() -> list[str]:
     return []
 
 
+def amd_gpu_archs(root: Path = Path("/sys/class/kfd/kfd/topology/nodes")) -> list[str]:
+    """The AMD GPUs' architectures (``gfx942``), which torch (``gcnArchName``) and Triton's HIP backend key on,
+    from the kernel driver's topology (CPU nodes report 0); empty when none."""
+    archs = []
+    for props in sorted(root.glob("*/properties"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
+        try:
+            fields = dict(line.split(None, 1) for line in props.read_text().splitlines() if " " in line)
+            version = int(fields.get("gfx_target_version", "0"))
+        except (OSError, ValueError):
+            continue
+        if version:
+            major, minor, step = version // 10000, version // 100 % 100, version % 100
+            archs.append(f"gfx{major}{minor:x}{step:x}")
+    return archs
+
+
 def visible_gpus(names: list[str], env: dict[str, str]) -> list[str]:
     """The GPUs this process sees, in CUDA's order: ``CUDA_VISIBLE_DEVICES`` as indices picks and orders them (on a
     host with several models, device 0 is the one listed first); any other form of it (UUIDs, MIG) keeps every
@@ -285,7 +301,12 @@ def compute(env: dict[str, str] | None = None, torch: TorchInfo | None = None) -
     machine = platform.machine()
     sve = sve_bits(machine)
     isa = picked_isa(flags, machine, env.get("ATEN_CPU_CAPABILITY"), sve=sve)
-    gpus = visible_gpus(gpu_names(), env) if (torch.cuda or torch.hip) and env.get("CUDA_VISIBLE_DEVICES") != "" else []
+    gpus: list[str] = []
+    if torch.cuda and env.get("CUDA_VISIBLE_DEVICES") != "":
+        gpus = visible_gpus(gpu_names(), env)
+    elif torch.hip and env.get("HIP_VISIBLE_DEVICES") != "" and env.get("CUDA_VISIBLE_DEVICES") != "":
+        gpus = visible_gpus(amd_gpu_archs(), {"CUDA_VISIBLE_DEVICES": env["HIP_VISIBLE_DEVICES"]}
+                            if "HIP_VISIBLE_DEVICES" in env else env)
     if torch.cuda and gpus:
         device = f"cuda{torch.cuda}-{_slug(gpus[0])}"
     elif torch.hip and gpus:

@@ -460,3 +460,15 @@ def test_torch_info_reads_the_installed_torch_without_importing_it() -> None:
     assert result["imported"] is False
     assert result["version"] == importlib.metadata.version("torch")
     assert result["key"].startswith(f"torch-{result['version']}/")
+
+
+def test_rocm_torch_keys_on_the_gpu_architecture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for node, version in (("0", "0"), ("1", "90402"), ("2", "90010"), ("10", "110000")):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "properties").write_text(f"cpu_cores_count 0\ngfx_target_version {version}\nsimd_count 4\n")
+    assert fingerprint.amd_gpu_archs(tmp_path) == ["gfx942", "gfx90a", "gfx1100"]
+    monkeypatch.setattr(fingerprint, "amd_gpu_archs", lambda: ["gfx942", "gfx90a"])
+    rocm_torch = TorchInfo("2.11.0+rocm6.4", "abc", None, "6.4", Path("/nowhere"))
+    assert compute(torch=rocm_torch).key.startswith("torch-2.11.0+rocm6.4/rocm6.4-gfx942/")
+    assert compute({"HIP_VISIBLE_DEVICES": "1"}, torch=rocm_torch).key.startswith("torch-2.11.0+rocm6.4/rocm6.4-gfx90a/")
+    assert compute({"HIP_VISIBLE_DEVICES": ""}, torch=rocm_torch).key.split("/")[1].startswith("cpu-")
