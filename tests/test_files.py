@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from pytest_megacache.bundle import Entries, Entry
-from pytest_megacache.errors import BundleError
 from pytest_megacache.files import (
     EXCLUDED_TOP,
     FileRoot,
