@@ -137,9 +137,10 @@ def test_the_vector_isa_check_is_not_run_again_warm(matrix: Matrix, results: Res
     cold, warm = matrix.cold(), matrix.warm()
     assert cold.report is not None and warm.report is not None
     if isaprobe.TORCH_RECORDS_NOTE in warm.notes:
-        # torch keeps its own records (compat/test_isa.py shows what they do): the session says so, once.
-        for session in (cold, warm, matrix.warm_xdist()):
-            assert session.notes.count(isaprobe.TORCH_RECORDS_NOTE) == 1, session.notes
+        # torch keeps its own records (compat/test_isa.py shows what they do): the session says so, once. (An xdist
+        # controller never imports torch, and its workers' notes stay with them.)
+        for session, times in ((cold, 1), (warm, 1), (matrix.warm_xdist(), 0)):
+            assert session.notes.count(isaprobe.TORCH_RECORDS_NOTE) == times, (session.name, session.notes)
             assert not any("runs in every process" in n for n in session.notes), session.notes
         carried = [p for p in warm.cache_dir.rglob("*" + isaprobe.TORCH_RECORD_SUFFIX)]
         assert carried, "no .load_ok record was restored"
