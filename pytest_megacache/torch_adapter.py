@@ -82,6 +82,10 @@ class _NotifyingLoader(importlib.abc.Loader):
 
 
 class PostImportHook(importlib.abc.MetaPathFinder):
+    """Calls ``after`` with the module ``fullname`` once it is imported, then leaves ``sys.meta_path``. A lookup
+    that imports nothing (``importlib.util.find_spec``, as torch and this plugin ask whether Triton is installed)
+    leaves it in place for the import that follows."""
+
     def __init__(self, fullname: str, after: Callable[[ModuleType], None],
                  spans: list[tuple[float, float]] | None = None) -> None:
         self.fullname = fullname
@@ -92,12 +96,15 @@ class PostImportHook(importlib.abc.MetaPathFinder):
                   ) -> importlib.machinery.ModuleSpec | None:
         if fullname != self.fullname:
             return None
-        self.remove()
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _NotifyingLoader(spec.loader, self.after, self.spans)
+        spec.loader = _NotifyingLoader(spec.loader, self._imported, self.spans)
         return spec
+
+    def _imported(self, module: ModuleType) -> None:
+        self.remove()
+        self.after(module)
 
     def remove(self) -> None:
         try:
