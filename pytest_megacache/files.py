@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import getpass
+import json
 import os
 import re
 import struct
@@ -58,6 +59,12 @@ _AUTOTUNE_CANDIDATE = re.compile(r"^(__grp__)?triton_(mm|bmm)[_.]")
 _PCH_NAME = re.compile(r"[a-z0-9]{8,64}\.h(\.gch|\.pch)?")
 _PCH_INCLUDE = re.compile(rb"#include <[A-Za-z0-9_./]{1,200}>\n")
 _PCH_MAGIC = (b"gpch", b"CPCH")
+# Triton's group file for one compiled kernel, ``<hash>/__grp__<kernel>.json``: {"child_paths": {file name: absolute
+# path}}, the paths in the directory it was compiled in (Triton 3.3 to 3.9: ``FileCacheManager.put_group``).
+# Triton counts the kernel as cached only where every path exists (``get_group``), so a group restored into
+# another directory is rewritten for it (:func:`relocate_triton_group`).
+_TRITON_GROUP = re.compile(r"__grp__[^/]+\.json")
+MAX_GROUP_FILES = 64
 
 
 def default_cache_dir() -> Path:
@@ -153,6 +160,28 @@ def pch_problem(name: str, data: bytes) -> str | None:
     if name.endswith(".h"):
         return None if _PCH_INCLUDE.fullmatch(data) else "not a one-line #include header"
     return None if data[:4] in _PCH_MAGIC else "not a precompiled header (bad magic)"
+
+
+def relocate_triton_group(rel: str, data: bytes, root: Path) -> bytes:
+    """A Triton group file (``<hash>/__grp__<kernel>.json``) written for the cache directory ``root``: each file it
+    names, at the path of the file of that name in the group's own folder there. The stored paths are not read (they
+    are the compiling machine's), so no group points Triton outside its folder. Raises BundleError for anything
+    that is not such a group file."""
+    folder, _, _name = rel.rpartition("/")
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise BundleError("not a Triton group file (not JSON)") from None
+    children = doc.get("child_paths") if isinstance(doc, dict) else None
+    if not isinstance(children, dict) or not 0 < len(children) <= MAX_GROUP_FILES or not folder or "/" in folder:
+        raise BundleError("not a Triton group file")
+    out: dict[str, str] = {}
+    for name in children:
+        validate_file_path(f"{folder}/{name}")
+        if "/" in name:
+            raise BundleError(f"Triton group file names {name[:80]!r}, not a file of its folder")
+        out[name] = str(root / folder / name)
+    return json.dumps({"child_paths": out}).encode()
 
 
 def _read_under_torch_lock(root: Path, rel: str, timeout: float) -> bytes | None:
@@ -276,6 +305,9 @@ class FileRoot:
                 validate_file_path(entry.name)
                 if problem := self.problem(entry.name, entry.data):
                     raise BundleError(problem)
+                if self.name == "triton" and _TRITON_GROUP.fullmatch(entry.name.rpartition("/")[2]):
+                    entry = Entry(entry.kind, entry.name, relocate_triton_group(entry.name, entry.data, self.path),
+                                  entry.mode)
                 if self._write(root, entry):
                     written += 1
                 else:
