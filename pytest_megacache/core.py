@@ -59,6 +59,45 @@ class Diagnosis:
     parts: Mapping[str, object]
 
 
+# Listings of the folder a compaction makes to merge what concurrent sessions stored meanwhile (each may merge
+# once more, but the last); what is left then is merged by the next compaction.
+COMPACTION_ROUNDS = 4
+
+
+@dataclass
+class _Held:
+    """An object of the write folder as a compaction sees it: validated, with what it holds."""
+
+    name: str
+    created: float  # from its header: every session reads the same value
+    entries: Entries
+    header: bundlemod.Header | None = None  # None for an object this session wrote
+
+    @property
+    def rank(self) -> tuple[float, str]:
+        """Newer is greater: (created, name), unique within a folder."""
+        return (self.created, self.name)
+
+    def order(self) -> tuple[int, float, str]:
+        return (len(self.entries), *self.rank)
+
+
+def _covers(big: _Held, small: _Held) -> bool:
+    """Whether ``small`` may be deleted because ``big`` is stored: ``big`` holds an entry of every ``(kind, name)``
+    that ``small`` does and, with the same ones, is the newer; for a profile (mutable) that differs, ``big`` is
+    the newer too (a restore takes the newest object's). A strict order: no two objects cover each other."""
+    if small.name == big.name or len(small.entries) > len(big.entries):
+        return False
+    newer = big.rank > small.rank
+    if len(small.entries) == len(big.entries) and not newer:
+        return False
+    for entry in small.entries:
+        other = big.entries.get(entry.ident)
+        if other is None or (entry.kind in bundlemod.MUTABLE_KINDS and other.data != entry.data and not newer):
+            return False
+    return True
+
+
 class CacheSession:
     """One session's traffic with the cache. Thread-safe where the restore thread is involved.
 
@@ -602,23 +641,164 @@ class CacheSession:
         compact = compact and len(payload) > len(new)
         try:
             store = self._bounded_store(deadline)
-            bounded(lambda: store.put(self.folder, new_object_name(), blob), deadline, "upload")
+            name = new_object_name()
+            bounded(lambda: store.put(self.folder, name, blob), deadline, "upload")
+
         except StoreError as exc:
             self._store_error("upload", exc)
             up.reason = "upload failed"
             return
         up.objects, up.bytes, up.raw_bytes = 1, len(blob), payload.raw_bytes()
         if compact:
-            # The new object holds everything the restored ones did; delete only those.
-            for info in self.restored_objects:
-                try:
-                    bounded(lambda name=info.name: store.delete(self.folder, name), deadline,  # type: ignore[misc]
-                            "compaction")
-                    up.compacted += 1
-                except StoreError as exc:
-                    self.notes.append(f"compaction stopped after {up.compacted} deletions ({exc}); "
-                                      "the rest are merged next time")
-                    break
+            try:
+                self._compact(store, deadline, _Held(name, bundlemod.decode_header(blob, self.limits)[0].created,
+                                                     payload), new)
+            except StoreError as exc:
+                self.notes.append(f"compaction stopped after {up.compacted + up.superseded} deletions ({exc}); "
+                                  "what is left is merged next time")
+            except Exception as exc:  # noqa: BLE001 - a cache bug must never fail the session
+                self.problem(f"compaction failed unexpectedly: {type(exc).__name__}: {redact_cut(str(exc))}")
+
+    def _compact(self, store: Store, deadline: Deadline, mine: _Held, new: Entries) -> None:
+        """After uploading ``mine``, the merged whole: delete what it covers, then take in what concurrent sessions
+        stored meanwhile, until the folder holds one merged object. Objects that share no entry with it (uploads
+        of other graphs) stay beside it: they duplicate nothing, and the next compaction merges them.
+
+        No entry is lost: an object is deleted only after an object that covers it (:func:`_covers`) has been
+        stored, and read back and validated (or written by this session). Covering is a strict order: the
+        coverer holds every ``(kind, name)`` the other does and more, or the same ones and a later ``(created,
+        name)`` from its header, which every session reads alike. So no two objects cover each other: of two
+        with the same entries, every session deletes the same one, the older, and two sessions can never delete
+        each other's. Following who covered a deleted object, each step to a greater one, ends at an object that
+        nobody deletes and that holds every entry of the chain. An object that fails validation or cannot be
+        read (its content unknown) is never deleted here and covers nothing.
+
+        The folder settles: a session stores a merged object only before listing the folder again, so the
+        session that lists last sees every merged object the others stored; it deletes those its own covers,
+        gives way to one that covers its own (and goes on with that one), and merges the rest that share entries
+        with it. Listings are bounded (:data:`COMPACTION_ROUNDS`, then the next compaction goes on), and so is
+        the time (the upload's deadline: a store operation cut short deletes nothing more)."""
+        inputs = {info.name for info in self.restored_objects}
+        merged = mine.entries
+        # Each restored object holds only entries of ``restored_own``. With every one of them in ``mine`` and an
+        # entry more (a new one), ``mine`` covers each: delete them without reading them again. Otherwise (only a
+        # profile changed, or an entry was not copied) each one is read and compared below.
+        if all(e.ident in merged for e in self.restored_own) and any(
+                e.ident not in self.restored_own for e in new):
+            for name in sorted(inputs):
+                self._delete_object(store, deadline, name, inputs)
+        self._converge(store, deadline, mine, inputs)
+
+    def _delete_object(self, store: Store, deadline: Deadline, name: str, inputs: set[str],
+                       own: set[str] | None = None) -> None:
+        """Delete one object that a stored object covers (the caller checked); counted."""
+        bounded(lambda: store.delete(self.folder, name), deadline, "compaction")
+        if name in inputs:
+            self.upload_stats.compacted += 1
+        elif own is None or name not in own:
+            self.upload_stats.superseded += 1
+
+    def _read_held(self, store: Store, name: str) -> _Held | None:
+        """An object of the write folder, read whole and validated as a restore validates it (its signature
+        included); None when it is gone (deleted meanwhile, so an object that covers it exists)."""
+        blob = store.get(self.folder, name, self.limits.max_object_bytes)
+        if blob is None:
+            return None
+        header, entries = bundlemod.decode(blob, self.fingerprint, self.limits, verify_keys=self.signing_keys)
+        return _Held(name, header.created, entries, header)
+
+    def _converge(self, store: Store, deadline: Deadline, mine: _Held, inputs: set[str]) -> None:
+        """List the folder again; delete what the merged object covers, give way to an object that covers it,
+        and merge the objects that share entries with it into a new one; until nothing is left to do, for
+        :data:`COMPACTION_ROUNDS` listings at most."""
+        current, own = mine, {mine.name}
+        seen: dict[str, _Held] = {}  # objects read so far (immutable: each is read once)
+        left: set[str] = set()  # never deleted or merged here: unreadable, refused, or not copied whole
+        for round_ in range(COMPACTION_ROUNDS):
+            listing = bounded(lambda: store.list(self.folder), deadline, "compaction")
+            unread = [info.name for info in listing if info.name not in seen and info.name not in left
+                      and info.name not in own and info.name != current.name]
+            outcomes = bounded_map(lambda name: self._read_held(store, name), unread, deadline, FETCH_WORKERS,
+                                   "compaction")
+            for name, got in zip(unread, outcomes, strict=True):
+                if isinstance(got, StoreError):
+                    if got.kind == "timeout":
+                        raise got
+                    left.add(name)  # refused (or unreadable): what it holds is unknown, so it stays
+                elif got is not None:
+                    seen[name] = got
+            listed = {info.name for info in listing}
+            peers = [held for name, held in seen.items() if name in listed and name not in left and name != current.name]
+            # An object that covers the current one: the current one goes, and that one is carried on with.
+            while (cover := max((p for p in peers if _covers(p, current)), key=_Held.order, default=None)) is not None:
+                self._delete_object(store, deadline, current.name, inputs, own)
+                peers.remove(cover)
+                current = cover
+            for peer in [p for p in peers if _covers(current, p)]:
+                self._delete_object(store, deadline, peer.name, inputs, own)
+                peers.remove(peer)
+            # What is left and shares entries with the current one (concurrent merges, uploads of the same
+            # graphs) is merged; an object of entries the current one lacks altogether stays as it is.
+            overlapping = [p for p in peers if any(e.ident in current.entries for e in p.entries)]
+            if not overlapping or round_ == COMPACTION_ROUNDS - 1:
+                return
+            merged = self._merge_held(store, deadline, current, overlapping, inputs, own, left)
+            if merged is None:
+                return
+            current = merged
+
+    def _merge_held(self, store: Store, deadline: Deadline, current: _Held, peers: list[_Held], inputs: set[str],
+                    own: set[str], left: set[str]) -> _Held | None:
+        """One object holding ``current`` and ``peers`` (merged oldest first: the newest profile wins), stored;
+        then each of them that it covers deleted. None when there is nothing such an object could replace, or it
+        may not be written (over the restore limits)."""
+        union = Entries()
+        for held in sorted([current, *peers], key=lambda h: h.rank):
+            union.merge(held.entries)
+        union = self.scrubbed(union)  # as what the session merged: no entry holding a secret's value is copied
+        taken = [p for p in peers if all(e.ident in union for e in p.entries)]
+        left.update(p.name for p in peers if p not in taken)
+        if not taken or not all(e.ident in union for e in current.entries):
+            return None
+        signing_key = self.signing_keys[0] if self.signing_keys else None
+        try:
+            blob = bundlemod.encode(union, self.fingerprint, extra=self._merged_meta(union, [current, *taken]),
+                                    signing_key=signing_key)
+        except (ValueError, BundleError) as exc:
+            self.notes.append(f"objects of concurrent sessions not merged: {redact_cut(str(exc))}")
+            return None
+        why = self._over_limits(blob)
+        if why is not None:
+            self.notes.append(f"{len(taken)} object(s) of concurrent sessions stay beside the merged one: merging "
+                              f"them would be over the restore limits ({why})")
+            return None
+        name = new_object_name()
+        bounded(lambda: store.put(self.folder, name, blob), deadline, "compaction")
+        own.add(name)
+        self.upload_stats.remerged += 1
+        self.upload_stats.remerged_bytes += len(blob)
+        merged = _Held(name, bundlemod.decode_header(blob, self.limits)[0].created, union)
+        for held in [current, *taken]:
+            if _covers(merged, held):
+                self._delete_object(store, deadline, held.name, inputs, own)
+            else:  # a newer profile in it (a clock ahead of this one): it stays rather than being merged again
+                left.add(held.name)
+        return merged
+
+    def _merged_meta(self, entries: Entries, sources: Sequence[_Held]) -> dict[str, object]:
+        """The header fields of a merged object: this session's, with the cold compile seconds that the merged
+        objects recorded for the entries it holds."""
+        table = self.cold_seconds(entries)
+        for held in sources:
+            recorded = held.header.extra.get("cold_seconds") if held.header is not None else None
+            if not isinstance(recorded, dict):
+                continue
+            for artifact, value in recorded.items():
+                seconds = bundlemod.number(value, 0.0, MAX_COMPILE_SECONDS)  # unverified input: a finite range
+                if (isinstance(artifact, str) and seconds is not None and _ident(artifact) in entries
+                        and len(table) < MAX_COLD_SECONDS):
+                    table.setdefault(artifact, seconds)
+        return {**self.upload_meta(entries), "cold_seconds": table}
 
     def scrubbed(self, entries: Entries) -> Entries:
         """``entries`` as they may be stored: torch's repro lines blanked in each (:func:`envpolicy.scrub_torch_artifact`:

@@ -61,6 +61,10 @@ class UploadStats:
     bytes: int = 0
     raw_bytes: int = 0
     compacted: int = 0  # objects merged into the uploaded one and then deleted
+    # objects that concurrent sessions stored meanwhile, found covered by the merged one or merged anew, and deleted
+    superseded: int = 0
+    remerged: int = 0  # further merged objects uploaded to take those in
+    remerged_bytes: int = 0
     files_skipped: list[str] = field(default_factory=list)
     profiles_merged: int = 0  # dynamic-shape profiles that xdist workers grew apart, merged as torch does
     seconds: float = 0.0
@@ -360,7 +364,10 @@ def _upload_lines(up: UploadStats, verbose: int) -> list[str]:
     if up.objects:
         lines = [f"uploaded {_pairs(up.new_entries)} new entries as {human_bytes(up.bytes)} "
                  f"({human_bytes(up.raw_bytes)} raw) in {up.seconds:.2f} s"
-                 + (f", compacting {up.compacted} objects" if up.compacted else "")]
+                 + (f", compacting {up.compacted} objects" if up.compacted else "")
+                 + (f"; {plural(up.superseded, 'object')} of concurrent sessions merged" if up.superseded else "")
+                 + (f" ({plural(up.remerged, 'more merged upload')}, {human_bytes(up.remerged_bytes)})"
+                    if up.remerged else "")]
     else:
         lines = [f"uploaded nothing: {up.reason}"]
     if verbose > 0 and up.files_skipped:
