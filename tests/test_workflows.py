@@ -1,5 +1,6 @@
 """The GitHub Actions workflows, the action (action.yml), actionlint's config and docs/ci.md: schema, pinning,
-wiring, and the plugin names they use.
+wiring, and the plugin names they use; and the user docs (README.md, CHANGELOG.md, docs/*.md): every flag and
+variable they name exists, and docs/settings.md describes every option.
 
 actionlint cannot be installed offline (its PyPI package downloads a binary from GitHub), so the schema
 checks use check-jsonschema's vendored copies of GitHub's workflow and action schemas, and the rest is checked
@@ -614,6 +615,27 @@ def test_release_check_catches(case: str, change: Callable[[dict[str, Any]], obj
 def test_plugin_flags_and_environment_variables_exist(path: Path) -> None:
     unknown = unknown_plugin_names(path.read_text())
     assert not unknown, f"{path.name} names what pytest_megacache.settings.OPTIONS does not have: {sorted(unknown)}"
+
+
+# The user docs: README.md, CHANGELOG.md and docs/*.md. Besides OPTIONS and PENDING_ENV they may name the variable
+# the plugin sets for its own child processes (documented so that nobody sets it by hand).
+USER_DOCS = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")])
+DOCS_ONLY_ENV = frozenset({"MEGACACHE_CHILD_SPOOL"})
+
+
+@pytest.mark.parametrize("path", USER_DOCS, ids=lambda p: p.name)
+def test_the_user_docs_name_only_real_settings(path: Path) -> None:
+    unknown = unknown_plugin_names(path.read_text()) - DOCS_ONLY_ENV
+    assert not unknown, f"{path.name} names what pytest_megacache.settings.OPTIONS does not have: {sorted(unknown)}"
+
+
+def test_the_settings_reference_describes_every_option() -> None:
+    text = (ROOT / "docs" / "settings.md").read_text()
+    rows = {line for line in text.splitlines() if line.startswith("| `--megacache-")}
+    missing = [opt.flag for opt in OPTIONS
+               if not any(f"`{opt.flag}` | `{opt.env}` | `{opt.ini}` |" in row for row in rows)]
+    assert not missing, f"docs/settings.md has no row (flag | variable | ini key) for {missing}"
+    assert "`MEGACACHE_SIGNING_KEY`" in text
 
 
 def test_pending_names_are_few_and_well_formed() -> None:
