@@ -9,6 +9,11 @@ one small JSON record of torch's own counters into the spool directory when torc
 process. The plugin reads the records back with :func:`read_spool`. :func:`bootstrap` arms a process the same way
 by hand (an interpreter that skips site-packages ``.pth`` files: ``python -S``, an embedded one).
 
+The same line makes a child that imports torch ask its parent for the restore and wait until it has settled
+(:data:`READY_ENV`, a file the parent creates then; :data:`WAIT_ENV`, how long it waits at most): the child then
+compiles on the restored files, after the parent's snapshot of the cache directories, so that what it compiles is
+carried, even when the parent itself never imports torch. A child that never imports torch never waits.
+
 What writes a record: a new Python interpreter that inherited the variable (``subprocess``, torchrun's workers,
 ``multiprocessing`` / ``torch.multiprocessing`` *spawn* children, their own children) and ends through normal
 interpreter shutdown (returning from main, ``sys.exit``, an uncaught exception). What writes nothing: a process
@@ -33,7 +38,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,9 +48,12 @@ __all__ = [
     "MAX_FILES",
     "MAX_RECORD_BYTES",
     "PTH_LINE",
+    "READY_ENV",
     "RECORD_VERSION",
     "SPOOL_ENV",
+    "WAIT_ENV",
     "ChildRecord",
+    "RestoreSignal",
     "Spool",
     "bootstrap",
     "collect",
@@ -55,6 +63,15 @@ __all__ = [
 ]
 
 SPOOL_ENV = "MEGACACHE_CHILD_SPOOL"
+# Set by a session whose restore writes compiled files into the cache directories its child processes inherit: a
+# file that appears once the restore has settled (written, or given up), and how many seconds a child waits for it
+# at most. A child that imports torch creates the file's name + WANTED_SUFFIX (the session starts its restore then,
+# if nothing did before) and waits for the file: it then compiles on the restored files and after the session's
+# snapshot of the directories, so what it compiles is carried.
+READY_ENV = "MEGACACHE_RESTORE_READY"
+WAIT_ENV = "MEGACACHE_RESTORE_WAIT"
+WANTED_SUFFIX = ".wanted"
+MAX_CHILD_WAIT = 900  # seconds: the longest any child waits, whatever the variable says
 
 # What the .pth line runs when SPOOL_ENV is set (site.addpackage runs lines starting with "import"; any Exception
 # there would print a traceback into the child's stderr, hence the try). The exit handler captures pid, parent pid
@@ -72,6 +89,28 @@ try:
   except BaseException:
    pass
  atexit.register(megacache_child_exit)
+ megacache_wait = os.environ.get({READY_ENV!r}) and 'torch' not in sys.modules
+ for f in sys.meta_path:
+  if getattr(f, '__name__', '') == 'megacache_restore_wait':
+   megacache_wait = False
+ if megacache_wait:
+  class megacache_restore_wait:
+   def find_spec(name, path=None, target=None):
+    if name == 'torch':
+     try:
+      import os, sys
+      sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, '__name__', '') != 'megacache_restore_wait']
+      import time
+      ready = os.environ.get({READY_ENV!r}, '')
+      end = time.monotonic() + min({MAX_CHILD_WAIT}, float(os.environ.get({WAIT_ENV!r}) or 0))
+      if ready and not os.path.exists(ready):
+       open(ready + {WANTED_SUFFIX!r}, 'a').close()
+       while not os.path.exists(ready) and time.monotonic() < end:
+        time.sleep(0.02)
+     except BaseException:
+      pass
+   find_spec = staticmethod(find_spec)
+  sys.meta_path.insert(0, megacache_restore_wait)
 except Exception:
  pass"""
 # The one line of pytest_megacache_children.pth (tests/test_childhook.py checks the file and the installed copy).
@@ -272,6 +311,56 @@ def read_spool(path: str | os.PathLike[str]) -> tuple[list[ChildRecord], list[st
     except Exception as exc:  # noqa: BLE001
         rejects.append(f"spool: unreadable ({type(exc).__name__})")
     return records, rejects
+
+
+class RestoreSignal:
+    """The parent's side of :data:`READY_ENV`: names a file in ``directory`` (the spool) for the processes this one
+    starts from now on; calls ``on_request`` (once, from a daemon thread that looks every 20 ms) when a child asks
+    for the restore; creates the file once the restore has settled (:meth:`set`); at :meth:`close` removes the files
+    and puts the variables back as they were."""
+
+    POLL = 0.02
+
+    def __init__(self, directory: str, wait_seconds: float, on_request: Callable[[], None]) -> None:
+        import threading  # the parent's side only
+
+        self.path = os.path.join(directory, f".restored-{os.getpid()}")
+        self._before = {name: os.environ.get(name) for name in (READY_ENV, WAIT_ENV)}
+        os.environ[READY_ENV] = self.path
+        os.environ[WAIT_ENV] = f"{wait_seconds:g}"
+        self._on_request = on_request
+        self._done = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="megacache-children-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        wanted = self.path + WANTED_SUFFIX
+        while not self._done.wait(self.POLL):
+            if os.path.exists(wanted):
+                self._done.set()
+                self._on_request()  # the plugin's start_cache: contained, idempotent
+
+    def set(self) -> None:
+        self._done.set()
+        try:
+            with open(self.path, "wb"):
+                pass
+        except OSError:  # the spool is gone: the children wait until their limit, no longer
+            pass
+
+    def close(self) -> None:
+        self._done.set()
+        if os.environ.get(READY_ENV) == self.path:  # not changed since by someone else
+            for name, value in self._before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        for path in (self.path, self.path + WANTED_SUFFIX):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 class Spool:

@@ -124,6 +124,7 @@ class CacheSession:
         upload_timeout: float = 60.0,
         diagnosis: Diagnosis | None = None,
         stage_dir: Path | None = None,
+        on_settled: Callable[[], None] | None = None,
     ) -> None:
         self._store_factory = store_factory
         self._store: Store | None = None
@@ -142,6 +143,7 @@ class CacheSession:
         self.upload_timeout = upload_timeout
         self.diagnosis = diagnosis
         self.stage_dir = stage_dir  # an xdist controller's: where the restore is staged for its workers
+        self.on_settled = on_settled  # called once the restore has settled (done or given up): children may go on
         self.problems: list[str] = []
         self.notes: list[str] = []  # said once in the summary; not problems
         self._problem_lock = threading.Lock()
@@ -244,7 +246,7 @@ class CacheSession:
             self.problem(f"restore did not finish within {self.restore_timeout:g} s (--megacache-timeout); "
                          "the session went on without it and uploads nothing")
             self._snapshot()
-            self._settled.set()
+            self._mark_settled()
             self._diagnosed.set()
         return self.restore_finished
 
@@ -252,7 +254,15 @@ class CacheSession:
         with self._state_lock:
             if self._state != "abandoned":
                 self._state = state
+        self._mark_settled()
+
+    def _mark_settled(self) -> None:
         self._settled.set()
+        if self.on_settled is not None:
+            try:
+                self.on_settled()
+            except Exception as exc:  # noqa: BLE001
+                self.problem(f"signalling the end of the restore: {type(exc).__name__}: {redact_cut(str(exc))}")
 
     def _commit(self) -> bool:
         """Whether the restore may still write its result (it was not abandoned)."""
@@ -594,6 +604,10 @@ class CacheSession:
                worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None = None) -> None:
         """Record torch's counters, then upload what is new (this process's and its xdist workers')."""
         self.account(adapter, workers)
+        if worker_entries is not None and workers:
+            # Workers sharing cache directories (the user chose them) each find what the others' children wrote:
+            # the graphs other processes compiled are counted once, from what the workers handed over together.
+            self.torch_stats.other_processes = other_process_layers(worker_entries)
         up = self.upload_stats
         # Wait even when nothing compiled, so a broken store is reported in every session (paid once).
         if self.reads and not self.wait_restore():
@@ -602,7 +616,7 @@ class CacheSession:
         if not self.writes:
             up.reason = "read-only mode"
             return
-        if not self.torch_stats.compiled and not self.roots:
+        if not self.torch_stats.compiled and not self.roots and not worker_entries:
             up.reason = "nothing was compiled"
             return
         if self.store_down:
@@ -643,7 +657,6 @@ class CacheSession:
             store = self._bounded_store(deadline)
             name = new_object_name()
             bounded(lambda: store.put(self.folder, name, blob), deadline, "upload")
-
         except StoreError as exc:
             self._store_error("upload", exc)
             up.reason = "upload failed"
@@ -851,6 +864,18 @@ class CacheSession:
         except BundleError as exc:
             return str(exc)
         return None
+
+
+def other_process_layers(entries: Entries) -> dict[str, int]:
+    """Per torch layer, the distinct FX-graph and AOTAutograd entries that travel as files (compiled by processes
+    that did not record them: child processes)."""
+    idents = {ident for e in entries if e.kind == bundlemod.FILE_PREFIX + "inductor"
+              and (ident := torch_cache_ident(e.name)) is not None}
+    out: dict[str, int] = {}
+    for kind, _key in idents:
+        layer = kind[len(bundlemod.TORCH_PREFIX):]
+        out[layer] = out.get(layer, 0) + 1
+    return out
 
 
 def nearest_fingerprint(store: Store, prefix: str, scopes: Sequence[str], key: str,

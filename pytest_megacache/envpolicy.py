@@ -284,10 +284,25 @@ def stored_secret(data: bytes, pieces: Sequence[tuple[str, bytes]]) -> str | Non
     return None
 
 
+# The credentials a stored entry is searched for, byte for byte, after the scrub: the values of variables that are
+# secret by name (SECRET_ENV, SECRET_NAME) and the passwords of URLs, at least this long. Other masked values reach
+# torch's artifacts only through its repro lines, which the scrub blanks; a plain word or a path held by a
+# torch-named variable elsewhere in an artifact is a coincidence (a source path, "testing"), not a leak.
+MIN_STORED_SECRET = 8
+
+
+def _credential(name: str) -> bool:
+    return name in SECRET_ENV or (name not in PLAIN_VALUES and SECRET_NAME.search(name) is not None)
+
+
 def stored_pieces(env: Mapping[str, str]) -> list[tuple[str, bytes]]:
-    """:func:`secret_values` as the bytes a stored entry could hold them in (UTF-8, and UTF-16 for pickled text)."""
+    """The credentials of ``env`` (:func:`secret_values` of the variables secret by name, and URL passwords) as the
+    bytes a stored entry could hold them in (UTF-8, and UTF-16 for pickled text)."""
     out: dict[bytes, str] = {}
     for name, text in secret_values(env):
+        password = text in _URL_PASSWORD.findall(env.get(name, ""))
+        if len(text) < MIN_STORED_SECRET or not (_credential(name) or password):
+            continue
         for encoded in (text.encode("utf-8", "surrogatepass"), text.encode("utf-16-le", "surrogatepass")):
             out.setdefault(encoded, name)
     return sorted(((name, piece) for piece, name in out.items()), key=lambda item: -len(item[1]))

@@ -38,9 +38,10 @@ from .errors import MegacacheWarning, redact, redact_cut
 from .report import ProcessTimes, SessionReport, XdistStats, process_age
 from .settings import OPTIONS, SettingsError, resolve
 from .torch_adapter import PostImportHook, TorchAdapter
+from .tritonstats import TritonWatch, figures
 
 if TYPE_CHECKING:
-    from .childhook import Spool
+    from .childhook import RestoreSignal, Spool
     from .core import CacheSession
     from .xdist import Takeover
 
@@ -74,6 +75,9 @@ def pytest_configure(config: pytest.Config) -> None:
             notes.append(f"read-only: {fork.reason} (set --megacache-mode to override)")
     invocation = Invocation(config.rootpath, config.invocation_params.dir, config.inipath,
                             config.getoption("megacache_directory", None))
+    if "children" in settings.explicit:
+        notes.append("--megacache-children (MEGACACHE_CHILDREN) is no longer needed: child processes are carried by "
+                     "default")
     ctx = activate(settings, invocation, notes=notes)
     if ctx.inactive and settings.strict:
         raise pytest.UsageError(f"pytest-megacache (strict): {ctx.reason}")
@@ -126,6 +130,7 @@ class Role:
         self.report: SessionReport | None = None
         self.single_thread = False
         self.spool: Spool | None = None  # where the processes this session starts write their counters
+        self.restore_signal: RestoreSignal | None = None  # tells those processes when the restore has settled
         if ctx.active:
             from .childhook import disarm
 
@@ -327,13 +332,17 @@ class Role:
         compiled = [r for r in records if r.compiled]
         if self.session is None:
             if compiled:
-                self.notes.append(f"{len(compiled)} child process(es) compiled, but this session never imported torch, "
-                                  "so nothing was restored or stored for them: run with --megacache-children")
+                self.notes.append(f"{len(compiled)} child process(es) compiled without asking for this session's cache "
+                                  "(it starts when a process imports torch through the usual import), so nothing was "
+                                  "restored or stored for them")
             return
         self.session.torch_stats.children = [r.row() for r in compiled]
 
     def release(self) -> None:
-        """At unconfigure: what outlives the session's end (the spool; the variable goes back as it was)."""
+        """At unconfigure (also after an interrupt): what outlives the session's end (the spool and the restore's
+        signal to child processes; their variables go back as they were)."""
+        if self.restore_signal is not None:
+            self.restore_signal.close()
         if self.spool is not None:
             self.spool.close()
 
@@ -353,17 +362,22 @@ class Compiling(Role):
         self._torch_hook: PostImportHook | None = None
         self._isa_hook: PostImportHook | None = None
         self._start_lock = threading.Lock()
+        self.triton = TritonWatch()  # Triton's kernels loaded from its cache vs compiled, once Triton is imported
+        self.triton.install()
 
     def make_session(self) -> CacheSession:
         return self.new_session()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        # Strict runs restore up front (and wait for it, within its budget) so a problem stops the session
-        # before any test runs; with --megacache-children the restore starts at once too (the tests' child
-        # processes compile, this one may never import torch). Otherwise it starts, in the background, when the
-        # session imports torch (or, failing that, on the first compile).
-        if self.settings.strict or self.settings.children or "torch" in sys.modules:
+        # The restore starts in the background when this process imports torch, or when a child process of the
+        # tests (torchrun, mp.spawn, subprocess) imports torch, whichever comes first: that child waits until the
+        # restore has written its files and the cache directories are snapshotted (childhook), so that it hits what
+        # was restored and what it compiles is carried. A session in which nothing imports torch pays nothing.
+        # Strict runs restore up front (and wait for it, within its budget) so a problem stops the session before
+        # any test runs.
+        self.signal_children()
+        if self.settings.strict or "torch" in sys.modules:
             self.start_cache()
         else:
             self._torch_hook = PostImportHook("torch", lambda _module: self.start_cache(), self.adapter.import_spans)
@@ -386,7 +400,21 @@ class Compiling(Role):
         with self.contained("starting the restore"), self._start_lock:
             if self.session is None:
                 self.session = self.make_session()
+                if self.restore_signal is not None:
+                    self.session.on_settled = self.restore_signal.set
                 self.session.start_restore()
+
+    def signal_children(self) -> None:
+        """Child processes started from now on ask for the restore when they import torch and wait until it has
+        settled (childhook.RestoreSignal, in the spool: this session's own, or an xdist worker's controller's)."""
+        from .childhook import SPOOL_ENV, RestoreSignal
+
+        spool = self.spool.path if self.spool is not None else os.environ.get(SPOOL_ENV)
+        if not (self.settings.files and self.settings.reads and spool and os.path.isdir(spool)):
+            return
+        with self.contained("preparing the restore's signal to child processes"):
+            # A child waits at most the restore's budget and a margin (the restore's own grace is 1 s).
+            self.restore_signal = RestoreSignal(spool, self.settings.timeout + 2.0, self.start_cache)
 
     def _on_first_compile(self) -> None:
         """Called by torch's compile-start callback: nothing may escape into the compile (or the test)."""
@@ -401,10 +429,10 @@ class Compiling(Role):
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
         with self.contained("preparing a test"):
-            if self.session is not None and self.session.roots:
-                # Compiles outside our callbacks need the restored files in place before the first test: user
-                # @triton.jit kernels (at first launch) and child processes (torchrun, mp.spawn, subprocess),
-                # which look in the same cache directories. Paid once: later waits return at once.
+            if self.session is not None and self.session.roots and "torch" in sys.modules:
+                # Compiles outside our callbacks need the restored files in place: user @triton.jit kernels (at
+                # first launch) in a process that has imported torch. Paid once: later waits return at once.
+                # (Child processes wait by themselves when they import torch: childhook.)
                 self.session.wait_restore()
             self.adapter.ensure_registered()
             self.adapter.begin_test(item.nodeid)
@@ -426,6 +454,12 @@ class Compiling(Role):
         isaprobe.disarm(self._isa_hook)
         self._isa_hook = None
         self.adapter.uninstall()
+        self.triton.uninstall()
+
+    def account_triton(self, cs: CacheSession) -> None:
+        """This process's Triton figures into the session's torch figures (after ``cs.account``)."""
+        with self.contained("counting Triton's kernels"):
+            cs.torch_stats.triton = figures(self.triton, cs)
 
 
 class Solo(Compiling):
@@ -440,6 +474,7 @@ class Solo(Compiling):
         cs = self.session
         if cs is not None:
             cs.finish(self.adapter)
+            self.account_triton(cs)
             cs.check_unused(self.selection)
             cs.check_unstorable(self.settings.eager_backward)
             cs.wait_diagnosis()
@@ -494,12 +529,17 @@ class Worker(Compiling):
             with self.contained("handing over to the xdist controller"):
                 cs.wait_restore()
                 ts = cs.account(self.adapter)
-                output.update({"torch": {k: v for k, v in asdict(ts).items() if k != "layers"},
-                               "selection": self.selection, "restore": asdict(cs.restore_stats)})
-                if ts.compiled and self.settings.writes:
-                    # A profile (pgo) this worker grew counts as new too: the controller merges the workers' copies.
-                    new = cs.collect(self.adapter).minus(cs.restored)
+                ts.single_compile_thread = self.single_thread
+                self.account_triton(cs)
+                if self.settings.writes:
+                    # What this worker compiled, and what its child processes did (in its cache directories), even
+                    # when this worker compiled nothing itself (collect counts those in ts.other_processes). A
+                    # profile (pgo) this worker grew counts as new too: the controller merges the workers' copies.
+                    new = cs.scrubbed(cs.collect(self.adapter)).minus(cs.restored)
                     output.update(xdist.hand_over(self.staged_at, self.worker_id, new, cs.fingerprint))
+                output.update({"torch": {k: v for k, v in asdict(ts).items() if k != "layers"},
+                               "selection": self.selection, "restore": asdict(cs.restore_stats),
+                               "load": asdict(cs.load_stats)})
             output["problems"] = [redact(p) for p in cs.new_problems()]
         with self.contained("timing the worker"):
             output["times"] = asdict(self.process_times())
@@ -570,15 +610,27 @@ class Controller(Role):
         for problem in takeover.problems:
             cs.problem(problem)
         cs.finish(None, workers=takeover.torch, worker_entries=takeover.entries, worker_profiles=takeover.profiles)
+        takeover.fold(cs.restore_stats, cs.load_stats)  # the workers' restores of files and loads: the session's
+        self.single_thread = takeover.single_thread
         cs.check_unused(self.selection)
         cs.check_unstorable(self.settings.eager_backward)
         cs.wait_diagnosis()
         self.notes.extend(cs.notes)
         self.read_children()
 
+    def release(self) -> None:
+        """Also removes the staging directory (the restored object, the workers' hand-overs), whatever happened to
+        the session or its workers."""
+        super().release()
+        if self.stage_dir is not None:
+            import shutil
+
+            shutil.rmtree(self.stage_dir, ignore_errors=True)
+            self.stage_dir = None
+
     def worker_times(self) -> list[ProcessTimes]:
         return list(self.takeover.times) if self.takeover is not None else []
 
     def xdist_stats(self) -> XdistStats:
         takeover = self.takeover
-        return XdistStats(self.role, takeover.workers, list(takeover.lost)) if takeover else XdistStats(self.role)
+        return takeover.stats(self.role) if takeover else XdistStats(self.role)

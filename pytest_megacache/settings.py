@@ -163,9 +163,8 @@ OPTIONS: tuple[Option, ...] = (
                    "take its recorded success after that (yes/no; default: {default}). torch's config and keys are "
                    "not touched."),
     Option("children", "--megacache-children", "MEGACACHE_CHILDREN", "megacache_children", "bool",
-           "Restore at session start, for tests whose child processes compile (torchrun, mp.spawn, subprocess) "
-           "while pytest itself never imports torch (otherwise the restore starts when pytest imports torch). "
-           "Off by default."),
+           "No longer needed, accepted and ignored: the restore starts with every session, and what child "
+           "processes compile (torchrun, mp.spawn, subprocess) is carried by default."),
 )
 
 _TRUE = {"1", "true", "yes", "on"}

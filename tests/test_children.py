@@ -61,17 +61,27 @@ TESTS = textwrap.dedent(
     def test_subprocess():
         subprocess.run([sys.executable, KID, "subprocess"], check=True)
 
-    def test_spawn():
-        import torch.multiprocessing as mp
-        sys.path.insert(0, str(Path(KID).parent))
-        import kid
-        mp.spawn(kid.spawned, args=("spawn",), nprocs=1, join=True)
-
     def test_killed_child_does_not_fail_the_session():
         proc = subprocess.run([sys.executable, KID, "killed"])
         assert proc.returncode == -9
     """
 )
+
+# In a second file, so that `-n 2 --dist loadfile` gives each worker children of its own.
+SPAWN_TESTS = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    def test_spawn():
+        import torch.multiprocessing as mp
+        sys.path.insert(0, str(Path(__file__).parent))
+        import kid
+        mp.spawn(kid.spawned, args=("spawn",), nprocs=1, join=True)
+    """
+)
+
+PLUGIN_TEMP = ("pytest-megacache-", "megacache-children-")
 
 
 def kid_counters(run: Run, name: str) -> dict[str, Any]:
@@ -92,14 +102,23 @@ def run_with_kids(project: TorchProject, *args: str) -> Run:
     return project.run(*args, env={"KID_COUNTERS": str(kids)})
 
 
+def plugin_temp(run: Run) -> list[str]:
+    """What the plugin left in the run's TMPDIR (its staging and spool folders are named so)."""
+    return sorted(p.name for p in (run.root / "tmp").iterdir() if p.name.startswith(PLUGIN_TEMP))
+
+
+def kid_project(pytester: pytest.Pytester, store: Path) -> TorchProject:
+    pytester.makepyfile(kid=KID, test_spawned=SPAWN_TESTS)
+    return TorchProject(pytester, env={"MEGACACHE_DIR": str(store)}, tests=TESTS)
+
+
 def test_compiles_in_child_processes_are_stored_and_hit_warm(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Default settings. This project's pytest process imports torch only inside the last test (mp.spawn): the
+    restore and the snapshot of the cache directories start with the session, and the first child compiles before
+    pytest's own process has imported torch."""
     store = tmp_path / "store"
-    pytester.makepyfile(kid=KID)
-    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(store)}, tests=TESTS)
-    # This project's pytest process imports torch only inside a test: --megacache-children starts the restore
-    # (and the snapshot of the cache directories it compares with at the end) at session start, before the first
-    # child. A test module importing torch at the top starts both at collection without it.
-    cold = run_with_kids(project, "--megacache-children")
+    project = kid_project(pytester, store)
+    cold = run_with_kids(project)
     cold.result.assert_outcomes(passed=3)
     for name in ("subprocess", "spawn", "killed"):
         assert kid_counters(cold, name)["inductor"].get("fxgraph_cache_miss") == 1
@@ -116,16 +135,42 @@ def test_compiles_in_child_processes_are_stored_and_hit_warm(pytester: pytest.Py
     [obj] = list(store.rglob("*.mcb"))
     names = {e.name for e in bundlemod.decode(obj.read_bytes())[1]}
     assert sum(name.startswith("fxgraph/") for name in names) == 3
+    assert not cold.megacache_warnings(), cold.result.outlines[-20:]
 
-    for args in (("--megacache-children",), ("-n", "2", "--megacache-children")):
-        warm = run_with_kids(project, *args)
-        warm.result.assert_outcomes(passed=3)
-        for name in ("subprocess", "spawn", "killed"):
-            counters = kid_counters(warm, name)["inductor"]
-            assert counters.get("fxgraph_cache_hit", 0) >= 1 and counters.get("fxgraph_cache_miss", 0) == 0, \
-                (args, name, counters)
-        assert warm.report is not None and warm.report["upload"]["objects"] == 0, warm.report["upload"]
-        # The children of xdist workers report to the controller's spool too.
-        assert sorted(children_by_counters(warm)) == [(1, 0), (1, 0)], (args, warm.report["torch"]["children"])
-        assert not warm.megacache_warnings(), warm.result.outlines[-20:]
+    warm = run_with_kids(project, "-n", "2", "--dist", "loadfile")
+    warm.result.assert_outcomes(passed=3)
+    for name in ("subprocess", "spawn", "killed"):
+        counters = kid_counters(warm, name)["inductor"]
+        assert counters.get("fxgraph_cache_hit", 0) >= 1 and counters.get("fxgraph_cache_miss", 0) == 0, (name, counters)
+    assert warm.report is not None and warm.report["upload"]["objects"] == 0, warm.report["upload"]
+    # The children of xdist workers report to the controller's spool too.
+    assert sorted(children_by_counters(warm)) == [(1, 0), (1, 0)], warm.report["torch"]["children"]
+    assert not warm.megacache_warnings(), warm.result.outlines[-20:]
+    assert plugin_temp(warm) == []  # the staging folder and the spool are gone
     assert len(list(store.rglob("*.mcb"))) == 1  # nothing uploaded twice
+
+
+def test_children_of_xdist_workers_are_stored_and_hit_warm(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Cold under `-n 2`, each worker with children of its own (one file each), none of the workers compiling
+    itself but through mp.spawn's import: what the children compiled is handed over and stored once; a serial warm
+    run hits it all."""
+    store = tmp_path / "store"
+    project = kid_project(pytester, store)
+    cold = run_with_kids(project, "-n", "2", "--dist", "loadfile")
+    cold.result.assert_outcomes(passed=3)
+    assert cold.report is not None
+    assert len({child["ppid"] for child in cold.report["torch"]["children"]}) == 2, cold.report["torch"]["children"]
+    assert cold.report["upload"]["objects"] == 1, cold.report["upload"]
+    assert cold.report["torch"]["other_processes"]["inductor"] == 3, cold.report["torch"]
+    [obj] = list(store.rglob("*.mcb"))
+    names = [e.name for e in bundlemod.decode(obj.read_bytes())[1]]
+    assert sum(name.startswith("fxgraph/") for name in names) == 3  # each child's graph, once
+    assert not cold.megacache_warnings(), cold.result.outlines[-20:]
+    assert plugin_temp(cold) == []
+
+    warm = run_with_kids(project)
+    warm.result.assert_outcomes(passed=3)
+    for name in ("subprocess", "spawn", "killed"):
+        counters = kid_counters(warm, name)["inductor"]
+        assert counters.get("fxgraph_cache_hit", 0) >= 1 and counters.get("fxgraph_cache_miss", 0) == 0, (name, counters)
+    assert warm.report is not None and warm.report["upload"]["objects"] == 0, warm.report["upload"]

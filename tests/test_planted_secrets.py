@@ -68,10 +68,18 @@ def test_messages_mask_what_torch_copies() -> None:
     assert redact("/tmp/ind-cache here", {"TORCHINDUCTOR_CACHE_DIR": "/tmp/ind-cache"}) == "/tmp/ind-cache here"
 
 
-def test_an_entry_holding_a_secret_outside_torchs_repro_lines_is_not_stored() -> None:
-    pieces = envpolicy.stored_pieces(PLANTED)
-    assert envpolicy.stored_secret(b"\x00 Pl4ntedInsideName3 \x00", pieces) == "MY_PYTORCH_OPTION"
+def test_an_entry_holding_a_credential_outside_torchs_repro_lines_is_not_stored() -> None:
+    env = {**PLANTED, "HF_TOKEN": "hf_Pl4ntedToken6", "AWS_ACCESS_KEY_ID": "testing",
+           "PYTORCH_TEST_ROOT": "/home/runner/work/project"}
+    pieces = envpolicy.stored_pieces(env)
+    assert envpolicy.stored_secret(b"\x00 hf_Pl4ntedToken6 \x00", pieces) == "HF_TOKEN"
     assert envpolicy.stored_secret("x Pl4ntedSubstrPw2 y".encode("utf-16-le"), pieces) == "TORCH_REMOTE_STORE"
+    assert envpolicy.stored_secret(b"redis://ci:Pl4ntedPrefixPw1@", pieces) == "TORCHINDUCTOR_REDIS_URL"
+    # a plain value of a torch-named variable (torch copies it only into its repro lines, which are blanked), a path
+    # that source locations in a graph hold by coincidence, and a word too short to be a credential: not searched for
+    assert envpolicy.stored_secret(b"\x00 Pl4ntedInsideName3 \x00", pieces) is None
+    assert envpolicy.stored_secret(b"File /home/runner/work/project/model.py", pieces) is None
+    assert envpolicy.stored_secret(b"testing", pieces) is None
     assert envpolicy.stored_secret(b"harmless bytes", pieces) is None
 
 

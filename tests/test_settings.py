@@ -244,6 +244,8 @@ def test_help_texts_state_the_real_default() -> None:
             shown = {True: "yes", False: "no"}.get(opt.default, f"{opt.default:g}" if isinstance(opt.default, float)
                                                     else str(opt.default))
             assert f"default: {shown})" in text, opt.name
+        elif "no longer needed" in text.lower():
+            assert opt.default is False and "ignored" in text, opt.name  # a retired flag, accepted
         elif "by default" in text:
             assert opt.default is False and "Off by default" in text, opt.name
 
