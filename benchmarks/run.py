@@ -7,6 +7,7 @@ Every figure is measured in this run; nothing is a constant. Each run is a fresh
 process with its own fresh TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TMPDIR unless its mode says
 otherwise:
 
+- plain: empty caches, the plugin not loaded (``-p no:megacache``): the baseline a cold run is held to.
 - cold:  empty caches; the plugin uploads to an S3 server (moto, on 127.0.0.1, in this process) into a
          fresh bucket per repeat.
 - warm:  empty caches; the plugin restores from that bucket (what a fresh CI runner sees).
@@ -32,7 +33,8 @@ and compile seconds are the child processes' own records (the report's ``torch.c
 installed (its ``.pth`` file in site-packages).
 
 Also measured: the idle cost (a one-test session that compiles nothing, with the plugin vs
-``-p no:megacache``) and the restore time of the same entries stored as 1 object vs 8 objects.
+``-p no:megacache``), ``import torch``, ``import torch._dynamo`` and torch's CPU vector-ISA check each in a fresh
+process (apart), and the restore time of the same entries stored as 1 object vs 8 objects.
 
 Writes ``DIR/results.json`` (every raw record) and ``DIR/results.md`` (the tables); ``--plot`` adds
 ``DIR/compile_seconds.png``. As it goes, each finished run is appended to ``DIR/runs.jsonl`` (what a run cut off
