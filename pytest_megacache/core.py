@@ -294,7 +294,8 @@ class CacheSession:
         from . import xdist
 
         try:
-            xdist.stage(self.stage_dir, self.restored, self.fingerprint, self.restore_stats.ok)
+            xdist.stage(self.stage_dir, self.restored, self.fingerprint, self.restore_stats.ok,
+                        sorted(self.producer_selections()))
         except Exception as exc:  # noqa: BLE001
             self.problem(f"staging the restore for the xdist workers: {type(exc).__name__}: {redact_cut(str(exc))}")
 
@@ -514,16 +515,25 @@ class CacheSession:
         return {"producer": {**self.meta, "misses": misses, "compile_seconds": round(ts.compile_seconds, 3)},
                 "cold_seconds": self.cold_seconds(payload)}
 
+    def producer_selections(self) -> set[str]:
+        """The test selections of the sessions that stored the restored objects (an xdist controller's staged
+        object lists those of the objects it restored)."""
+        out: set[str] = set()
+        for header in self.restored_headers:
+            producer = header.extra.get("producer")
+            if not isinstance(producer, dict):
+                continue
+            if isinstance(producer.get("selection"), str):
+                out.add(producer["selection"])
+            listed = producer.get("selections")
+            if isinstance(listed, list):
+                out.update(item for item in listed[:64] if isinstance(item, str))
+        return out
+
     def expects_full_coverage(self, selection: str | None) -> bool:
         """Whether a restored object came from a session that ran this very selection of tests: everything
         that session compiled was uploaded, so this one should find all of it cached."""
-        if not selection:
-            return False
-        for header in self.restored_headers:
-            producer = header.extra.get("producer")
-            if isinstance(producer, dict) and producer.get("selection") == selection:
-                return True
-        return False
+        return bool(selection) and selection in self.producer_selections()
 
     def check_unused(self, selection: str | None) -> None:
         """Restored objects that torch hit none of: a note, never a problem. The environment settings that

@@ -197,7 +197,9 @@ def test_the_real_key_command(tmp_path: Path) -> None:
     bindir = Path(sys.executable).parent
     if not (bindir / "pytest-megacache").exists():
         pytest.skip("the pytest-megacache script is not installed next to this interpreter")
-    r = ok(run_action(tmp_path, {"dir": "store"}, bindir=bindir))
+    # The key names the C++ compiler found on PATH: the action's step sees the PATH the test step will (as on a runner).
+    r = ok(run_action(tmp_path, {"dir": "store"}, bindir=bindir,
+                      extra={"PATH": os.pathsep.join([str(bindir), os.environ.get("PATH", "")])}))
     flat = subprocess.run([str(bindir / "pytest-megacache"), "key", "--flat"], capture_output=True, text=True,
                           timeout=120).stdout.strip()
     assert r.outputs["key"] == flat and flat in r.outputs["cache-key"]

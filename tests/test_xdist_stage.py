@@ -1,0 +1,47 @@
+"""What an xdist controller stages for its workers tells them which test selections stored it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_megacache import bundle as bundlemod
+from pytest_megacache import xdist
+from pytest_megacache.bundle import Entries, Entry
+from pytest_megacache.core import CacheSession
+from pytest_megacache.stores import MemoryStore
+
+FP = "torch-x/cpu-avx2-t2/py3.11-linux-x86_64/0123456789ab"
+
+
+def staged_header(stage_dir: Path) -> bundlemod.Header:
+    [obj] = sorted((stage_dir / xdist.STAGE_FOLDER).glob("*.mcb"))
+    return bundlemod.decode(obj.read_bytes(), FP)[0]
+
+
+def test_a_worker_running_a_stored_selection_expects_everything_cached(tmp_path: Path) -> None:
+    entries = Entries([Entry("torch/inductor", "fa" + "a" * 50, b"graph")])
+    xdist.stage(tmp_path, entries, FP, ok=True, selections=["sel-a", "sel-b"])
+    header = staged_header(tmp_path)
+    assert header.extra["producer"] == {"selections": ["sel-a", "sel-b"]}
+    worker = CacheSession(store_factory=MemoryStore, folder="f", fingerprint=FP, roots=[], reads=True, writes=False)
+    worker.restored_headers.append(header)
+    assert worker.expects_full_coverage("sel-b")
+    assert not worker.expects_full_coverage("sel-c") and not worker.expects_full_coverage(None)
+
+
+def test_a_plain_object_names_its_own_selection(tmp_path: Path) -> None:
+    blob = bundlemod.encode(Entries([Entry("torch/inductor", "fa" + "a" * 50, b"graph")]), FP,
+                            extra={"producer": {"selection": "sel-a", "selections": "not a list"}})
+    header = bundlemod.decode(blob, FP)[0]
+    controller = CacheSession(store_factory=MemoryStore, folder="f", fingerprint=FP, roots=[], reads=True, writes=False)
+    controller.restored_headers.append(header)
+    assert controller.producer_selections() == {"sel-a"}
+    staged = Entries([Entry("torch/inductor", "fb" + "b" * 50, b"x")])
+    xdist.stage(tmp_path, staged,
+                FP, ok=True, selections=sorted(controller.producer_selections()))
+    assert staged_header(tmp_path).extra["producer"] == {"selections": ["sel-a"]}
+
+
+def test_nothing_restored_stages_no_object(tmp_path: Path) -> None:
+    assert xdist.stage(tmp_path, Entries(), FP, ok=True, selections=["sel-a"]) is None
+    assert not (tmp_path / xdist.STAGE_FOLDER).exists() or not list((tmp_path / xdist.STAGE_FOLDER).iterdir())
