@@ -64,9 +64,13 @@ def make_stage_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="pytest-megacache-xdist-"))
 
 
-def stage(stage_dir: Path, entries: Entries, fingerprint: str, ok: bool) -> bytes | None:
-    """Write what the controller restored for its workers; return the object (for remote workers)."""
-    blob = bundlemod.encode(entries, fingerprint) if entries else None
+def stage(stage_dir: Path, entries: Entries, fingerprint: str, ok: bool, selections: list[str] | None = None,
+          ) -> bytes | None:
+    """Write what the controller restored for its workers; return the object (for remote workers). ``selections``:
+    the test selections of the sessions that stored what was restored (a worker running one of them expects to
+    find everything cached, as a plain session would)."""
+    extra = {"producer": {"selections": selections}} if selections else None
+    blob = bundlemod.encode(entries, fingerprint, extra=extra) if entries else None
     if blob is not None:
         LocalDirStore(stage_dir).put(STAGE_FOLDER, new_object_name(), blob)
     write_atomic(stage_dir / READY, json.dumps({"ok": ok, "entries": len(entries)}).encode())
