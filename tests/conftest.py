@@ -20,6 +20,11 @@ pytest_plugins = ["pytester"]
 
 S3Server = LocalS3  # a moto S3 server over HTTP on loopback, shared by the test session
 
+# What a test must not inherit from the machine, from GitHub Actions or from an outer pytest-xdist run (whose
+# worker variables would tell a project's conftest it runs in a worker): the plugin's settings, the CI context
+# its scope and fork detection read, torch's job id, pytest's own options.
+HERMETIC_PREFIXES = ("MEGACACHE_", "GITHUB_", "TORCH_COMPILE_JOB_ID", "PYTEST_XDIST_", "PYTEST_ADDOPTS")
+
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
@@ -41,7 +46,7 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
 def _clean_megacache_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # Hermetic: no settings, scope or fork detection leaking in from the machine (or from GitHub Actions).
     for key in list(os.environ):
-        if key.startswith(("MEGACACHE_", "GITHUB_", "TORCH_COMPILE_JOB_ID")):
+        if key.startswith(HERMETIC_PREFIXES):
             monkeypatch.delenv(key)
 
 

@@ -1,15 +1,34 @@
-"""Tiny torch projects run through pytester in subprocesses, each run on fresh compile caches."""
+"""Tiny torch projects run as pytest subprocesses, each run on fresh compile caches.
+
+A project lives in a test's ``pytester`` directory, or in a directory of its own that a module- or
+session-scoped fixture creates: then one cold/warm sequence of sessions is run once and many tests assert on
+what it left (its runs' output, reports, torch's counters, snapshots of the store in between).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import HERMETIC_PREFIXES
+
+
+def skip_without_torch() -> None:
+    """Skip the calling module where torch is not installed, without importing it (that takes seconds and
+    changes the whole test process: torch runs only in the projects' subprocesses)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed", allow_module_level=True)
+
 
 TORCH_TESTS = textwrap.dedent(
     """
@@ -83,20 +102,44 @@ class Run:
 
 
 class TorchProject:
-    """A pytester project; every :meth:`run` gets new empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TMPDIR."""
+    """A project of ``tests`` (test_compiled.py) and a conftest reading torch's counters; every :meth:`run` gets
+    new empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TMPDIR.
 
-    def __init__(self, pytester: pytest.Pytester, env: dict[str, str] | None = None,
-                 tests: str = TORCH_TESTS) -> None:
-        self.pytester = pytester
+    In a test's ``pytester``: its runs inherit this process's environment, as pytester's do. Else in ``path``
+    (a fixture's directory, whatever its scope): its runs get this process's environment less what
+    :data:`HERMETIC_PREFIXES` names, and what pytester would set (its own HOME, no colors)."""
+
+    def __init__(self, pytester: pytest.Pytester | None = None, env: dict[str, str] | None = None,
+                 tests: str = TORCH_TESTS, *, path: Path | None = None) -> None:
+        if (pytester is None) == (path is None):
+            raise TypeError("a TorchProject lives in a pytester or in a path, one of them")
+        self._pytester = pytester
+        self.path: Path = pytester.path if pytester is not None else path  # type: ignore[assignment]
         self.env = dict(env or {})
         self.runs = 0
-        pytester.makepyfile(test_compiled=tests)
-        pytester.makeconftest(COUNTERS_CONFTEST)
+        if pytester is not None:
+            pytester.makepyfile(test_compiled=tests)
+            pytester.makeconftest(COUNTERS_CONFTEST)
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.write("test_compiled.py", tests)
+            self.write("conftest.py", COUNTERS_CONFTEST)
+
+    @property
+    def pytester(self) -> pytest.Pytester:
+        assert self._pytester is not None, "this project lives in a directory of its own, not in a pytester"
+        return self._pytester
+
+    def write(self, name: str, text: str) -> Path:
+        """Another file of the project (a module its tests import, a second test file)."""
+        target = self.path / name
+        target.write_text(textwrap.dedent(text).strip() + "\n")
+        return target
 
     def run(self, *args: str, env: dict[str, str | None] | None = None, timeout: float = 600) -> Run:
         """Run pytest; ``env`` values of None unset that variable for the run."""
         self.runs += 1
-        root = self.pytester.path / f"run{self.runs}"
+        root = self.path / f"run{self.runs}"
         for sub in ("inductor", "triton", "tmp"):
             (root / sub).mkdir(parents=True)
         counters_path = root / "counters.json"
@@ -111,21 +154,11 @@ class TorchProject:
             "PYTHONWARNINGS": "ignore::UserWarning:torch",
             **(env or {}),
         }
-        old = {k: os.environ.get(k) for k in run_env}
-        for k, v in run_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        try:
-            result = self.pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W",
-                                                        "ignore::DeprecationWarning", *args, timeout=timeout)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        pytest_args = ("-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning", *args)
+        if self._pytester is not None:
+            result = self._run_in_pytester(self._pytester, pytest_args, run_env, timeout)
+        else:
+            result = self._run_in_path(root, pytest_args, run_env, timeout)
         counters = json.loads(counters_path.read_text()) if counters_path.exists() else {}
         for worker_file in sorted(root.glob("counters.json.gw*")):  # xdist workers: torch's counters summed
             worker = json.loads(worker_file.read_text())
@@ -134,3 +167,42 @@ class TorchProject:
                     counters.setdefault(group, {})[name] = counters.get(group, {}).get(name, 0) + value
         report = json.loads(report_path.read_text()) if report_path.exists() else None
         return Run(result, counters, report, root)
+
+    @staticmethod
+    def _run_in_pytester(pytester: pytest.Pytester, args: tuple[str, ...], run_env: dict[str, str | None],
+                         timeout: float) -> pytest.RunResult:
+        old = {k: os.environ.get(k) for k in run_env}
+        for k, v in run_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        try:
+            return pytester.runpytest_subprocess(*args, timeout=timeout)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def _run_in_path(self, root: Path, args: tuple[str, ...], run_env: dict[str, str | None],
+                     timeout: float) -> pytest.RunResult:
+        """What pytester.runpytest_subprocess does, without a pytester: cwd and PYTHONPATH the project, its
+        own HOME, no colors, stdin closed, a --basetemp of its own."""
+        home = self.path / "home"
+        home.mkdir(exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(HERMETIC_PREFIXES)}
+        env.update({"HOME": str(home), "USERPROFILE": str(home), "PY_COLORS": "0",
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(self.path), env.get("PYTHONPATH", "")]))})
+        for k, v in run_env.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-mpytest", f"--basetemp={root / 'basetemp'}", *args],
+                              cwd=self.path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, errors="replace", timeout=timeout, check=False)
+        return pytest.RunResult(proc.returncode, proc.stdout.splitlines(), proc.stderr.splitlines(),
+                                time.monotonic() - start)

@@ -29,9 +29,9 @@ from pytest_megacache import bundle as bundlemod
 
 from .conftest import S3_ENV, S3Server
 from .faultproxy import FaultProxy
-from .helpers_torch import COUNTERS_CONFTEST
+from .helpers_torch import COUNTERS_CONFTEST, skip_without_torch
 
-pytest.importorskip("torch")
+skip_without_torch()
 pytestmark = pytest.mark.torch
 
 RESTORE_BUDGET = 4.0

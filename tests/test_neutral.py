@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers_torch import TorchProject
+from .helpers_torch import TorchProject, skip_without_torch
 
-pytest.importorskip("torch")
+skip_without_torch()
 pytestmark = pytest.mark.torch
 
 SHAPES = textwrap.dedent(
