@@ -40,6 +40,27 @@ class RestoreStats:
     why_miss: str | None = None  # when nothing is stored for this fingerprint: the nearest one that is
     source: str = "store"  # "store", or "controller" for an xdist worker reading what its controller staged
 
+    def add_files(self, other: Mapping[str, Any], worker: str) -> None:
+        """Fold in an xdist worker's restore of files into its own cache directories (the controller writes none)."""
+        self.files_written += as_count(other.get("files_written"))
+        self.files_present += as_count(other.get("files_present"))
+        refused = other.get("files_refused")
+        for item in (refused if isinstance(refused, list) else [])[:MAX_REFUSED]:
+            if len(self.files_refused) < MAX_REFUSED:
+                self.files_refused.append(f"[{worker}] {str(item)[:300]}")
+
+
+MAX_REFUSED = 50  # refused files a controller keeps from its workers' restores
+
+
+def as_count(value: object) -> int:
+    """A count from another process's figures: a non-negative int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53 else 0
+
+
+def _seconds(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e7 else 0.0
+
 
 @dataclass
 class LoadStats:
@@ -49,6 +70,22 @@ class LoadStats:
     seconds: float = 0.0
     error: str | None = None
     waited: float = 0.0  # how long the first compile waited for the restore (the restore's critical path)
+    workers: int = 0  # xdist workers that loaded (their figures summed; ``waited`` is the longest wait)
+
+    def add(self, other: Mapping[str, Any]) -> None:
+        """Fold in an xdist worker's load (the controller loads nothing itself)."""
+        if not other.get("called"):
+            return
+        self.ok = (self.ok or not self.called) and bool(other.get("ok"))
+        self.called = True
+        self.workers += 1
+        artifacts = other.get("artifacts")
+        for kind, n in (artifacts.items() if isinstance(artifacts, dict) else ()):
+            self.artifacts[str(kind)] = self.artifacts.get(str(kind), 0) + as_count(n)
+        self.seconds += _seconds(other.get("seconds"))
+        self.waited = max(self.waited, _seconds(other.get("waited")))
+        if self.error is None and other.get("error"):
+            self.error = str(other["error"])[:300]
 
 
 @dataclass
@@ -68,6 +105,44 @@ class UploadStats:
     files_skipped: list[str] = field(default_factory=list)
     profiles_merged: int = 0  # dynamic-shape profiles that xdist workers grew apart, merged as torch does
     seconds: float = 0.0
+
+
+@dataclass
+class TritonStats:
+    """Triton's kernels in the session (:mod:`pytest_megacache.tritonstats`): per process, or summed over xdist
+    workers. A kernel is one compiled variant (one folder of Triton's cache directory)."""
+
+    counted: str = "listener"  # how hits were told: Triton's compilation "listener", else "cache directory"
+    hits: int | None = 0  # kernels Triton loaded from its cache directory that no process compiled this session
+    hits_restored: int = 0  # of those, kernels this session's restore wrote
+    compiled: int = 0  # kernels compiled this session (the listener's, and folders new in the cache directory)
+    compile_seconds: float = 0.0  # Triton's own timings of the compiles the listener saw
+    restored: int = 0  # kernels the restore wrote (into each worker's directory: the largest count of any worker)
+    hits_unknown: str | None = None  # why hits is None
+    processes: int = 1  # processes counted (xdist workers)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> TritonStats:
+        """Another process's figures (an xdist worker's), each checked."""
+        hits = doc.get("hits")
+        unknown = doc.get("hits_unknown")
+        return cls(counted=str(doc.get("counted", "listener"))[:40],
+                   hits=as_count(hits) if hits is not None else None, hits_restored=as_count(doc.get("hits_restored")),
+                   compiled=as_count(doc.get("compiled")), compile_seconds=_seconds(doc.get("compile_seconds")),
+                   restored=as_count(doc.get("restored")),
+                   hits_unknown=str(unknown)[:300] if unknown else None if hits is not None else "not told",
+                   processes=max(1, as_count(doc.get("processes"))))
+
+    def add(self, other: TritonStats) -> None:
+        self.hits = None if self.hits is None or other.hits is None else self.hits + other.hits
+        self.hits_unknown = self.hits_unknown or other.hits_unknown
+        if other.counted != "listener":
+            self.counted = other.counted
+        self.hits_restored += other.hits_restored
+        self.compiled += other.compiled
+        self.compile_seconds = round(self.compile_seconds + other.compile_seconds, 3)
+        self.restored = max(self.restored, other.restored)
+        self.processes += other.processes
 
 
 @dataclass
@@ -91,6 +166,7 @@ class TorchStats:
     # torch's CPU vector-ISA load checks in the session's own processes (isaprobe): taken from a marker ("reused"),
     # run by torch ("run"), markers written ("recorded")
     isa_checks: dict[str, int] = field(default_factory=dict)
+    triton: TritonStats | None = None  # Triton's kernels loaded from its cache vs compiled; None: none of either
 
     @classmethod
     def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
@@ -117,6 +193,12 @@ class TorchStats:
             self.other_processes[str(layer)] = self.other_processes.get(str(layer), 0) + int(n)
         for name, n in dict(other.get("isa_checks", {})).items():
             self.isa_checks[str(name)] = self.isa_checks.get(str(name), 0) + int(n)
+        if isinstance(other.get("triton"), dict):
+            theirs = TritonStats.from_dict(other["triton"])
+            if self.triton is None:
+                self.triton = theirs
+            else:
+                self.triton.add(theirs)
 
 
 
@@ -194,6 +276,9 @@ class XdistStats:
     role: str = "solo"  # "solo" or "controller" (workers report to their controller, not here)
     workers: int = 0
     lost: list[str] = field(default_factory=list)  # workers that ended without handing anything over
+    # per worker that handed over: files_written, files_present, files_refused (a count), single_compile_thread,
+    # compiles, triton_hits (None: unknown), triton_compiled
+    per_worker: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -286,12 +371,18 @@ def _pairs(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k.split('/', 1)[-1] if k.startswith('torch/') else k} {v}" for k, v in counts.items()) or "none"
 
 
-def _restore_lines(r: RestoreStats, verbose: int) -> list[str]:
+def _by_workers(xd: XdistStats | None) -> str:
+    return f" by {plural(xd.workers, 'xdist worker')}" if xd is not None and xd.workers else ""
+
+
+def _restore_lines(r: RestoreStats, verbose: int, xd: XdistStats | None = None) -> list[str]:
     if not r.attempted:
         return []
     status = "" if r.ok else " (failed)"
     lines = [f"restored {r.objects_used}/{r.objects_listed} objects{status}, {human_bytes(r.bytes_fetched)} "
-             f"in {r.seconds:.2f} s: {_pairs(r.entries)}; {r.files_written} files written"
+             f"in {r.seconds:.2f} s: {_pairs(r.entries)}; {r.files_written} files written{_by_workers(xd)}"
+             + (f" ({r.files_present} already there)" if r.files_present else "")
+             + (f", {len(r.files_refused)} refused" if r.files_refused else "")
              + (f", {r.objects_rejected} objects refused" if r.objects_rejected else "")]
     if verbose > 0 and r.folders:
         lines.append("  from " + ", ".join(f"{folder} ({n})" for folder, n in r.folders.items()))
@@ -306,6 +397,10 @@ def _load_line(ld: LoadStats) -> list[str]:
     if not ld.ok:
         return [f"torch did not load the bundle: {ld.error}"]
     waited = f" (the first compile waited {ld.waited:.2f} s for the restore)" if ld.waited >= 0.05 else ""
+    if ld.workers:
+        waited = waited.replace("the first compile", "a worker's first compile")
+        return [f"loaded into torch by {plural(ld.workers, 'xdist worker')}: {_pairs(ld.artifacts)} in "
+                f"{ld.seconds:.3f} s in all{waited}"]
     return [f"loaded into torch: {_pairs(ld.artifacts)} in {ld.seconds:.3f} s{waited}"]
 
 
@@ -343,14 +438,63 @@ def _child_records_lines(t: TorchStats) -> list[str]:
 
 
 def _torch_lines(t: TorchStats, xd: XdistStats | None) -> list[str]:
+    workers = xd is not None and xd.workers > 0
     if not t.compiled:
-        return ["torch: nothing was compiled in this process", *_child_records_lines(t), *_children_line(t)]
+        return [f"torch: nothing was compiled {'by the xdist workers' if workers else 'in this process'}",
+                *_triton_lines(t.triton, xd), *_child_records_lines(t), *_children_line(t)]
     return [_layer_line(t),
             f"{t.compiles} compiles, {t.compile_seconds:.2f} s compiling"
             + (f" across {xd.workers} xdist workers" if xd is not None and xd.workers else "")
             + (f"; about {t.seconds_saved:.1f} s of cold compiling saved" if t.seconds_saved else "")
-            + ("; one compile thread (the cache covers this selection)" if t.single_compile_thread else ""),
-            *_isa_line(t), *_child_records_lines(t), *_children_line(t)]
+            + _threads(t, xd),
+            *_isa_line(t), *_triton_lines(t.triton, xd), *_child_records_lines(t), *_children_line(t)]
+
+
+def _threads(t: TorchStats, xd: XdistStats | None) -> str:
+    if xd is not None and xd.per_worker:
+        single = sum(bool(w.get("single_compile_thread")) for w in xd.per_worker.values())
+        if not single:
+            return ""
+        which = "every" if single == len(xd.per_worker) else f"{single} of {len(xd.per_worker)}"
+        return f"; one compile thread in {which} xdist worker{'' if which == 'every' else 's'} (the cache covers its tests)"
+    return "; one compile thread (the cache covers this selection)" if t.single_compile_thread else ""
+
+
+def _triton_lines(tr: TritonStats | None, xd: XdistStats | None) -> list[str]:
+    """Triton's kernels: loaded from its cache directory vs compiled, and per xdist worker."""
+    if tr is None:
+        return []
+    compiled = f"{tr.compiled} compiled" + (f" in {tr.compile_seconds:.2f} s" if tr.compile_seconds >= 0.005 else "")
+    restored = f"; {plural(tr.restored, 'kernel')} restored" if tr.restored else ""
+    if tr.hits is None:
+        line = f"Triton kernels{_by_workers(xd)}: {compiled}{restored}; hits unknown: {tr.hits_unknown}"
+    else:
+        loaded = f"{tr.hits} loaded from the cache" + (f" ({tr.hits_restored} restored)" if tr.hits_restored else "")
+        line = f"Triton kernels{_by_workers(xd)}: {loaded}, {compiled}{restored}"
+    if xd is not None and xd.per_worker:
+        rows = [f"{name} {'?' if w.get('triton_hits') is None else w.get('triton_hits')}/{w.get('triton_compiled', 0)}"
+                for name, w in sorted(xd.per_worker.items())]
+        line += " (loaded/compiled: " + ", ".join(rows[:MAX_CHILD_LINES]) + (", ..." if len(rows) > MAX_CHILD_LINES else "") + ")"
+    return [line]
+
+
+def _worker_lines(xd: XdistStats | None) -> list[str]:
+    """Each xdist worker's own figures (verbose)."""
+    if xd is None or not xd.per_worker:
+        return []
+    lines = ["per xdist worker:"]
+    for name, w in sorted(xd.per_worker.items()):
+        parts = [f"{w.get('files_written', 0)} files written", f"{w.get('compiles', 0)} compiles"]
+        if w.get("files_present"):
+            parts.insert(1, f"{w['files_present']} already there")
+        if w.get("files_refused"):
+            parts.insert(1, f"{w['files_refused']} refused")
+        parts.append("one compile thread" if w.get("single_compile_thread") else "torch's compile threads")
+        if w.get("triton_hits") is not None or w.get("triton_compiled"):
+            hits = w.get("triton_hits")
+            parts.append(f"Triton {'?' if hits is None else hits} loaded / {w.get('triton_compiled', 0)} compiled")
+        lines.append(f"  {name}: " + ", ".join(parts))
+    return lines
 
 
 def _isa_line(t: TorchStats) -> list[str]:
@@ -360,7 +504,7 @@ def _isa_line(t: TorchStats) -> list[str]:
     return [f"torch's CPU vector-ISA load checks: {reused} taken from an earlier run's record, {run} run"]
 
 
-def _upload_lines(up: UploadStats, verbose: int) -> list[str]:
+def _upload_lines(up: UploadStats, verbose: int, triton: TritonStats | None = None) -> list[str]:
     if up.objects:
         lines = [f"uploaded {_pairs(up.new_entries)} new entries as {human_bytes(up.bytes)} "
                  f"({human_bytes(up.raw_bytes)} raw) in {up.seconds:.2f} s"
@@ -369,7 +513,10 @@ def _upload_lines(up: UploadStats, verbose: int) -> list[str]:
                  + (f" ({plural(up.remerged, 'more merged upload')}, {human_bytes(up.remerged_bytes)})"
                     if up.remerged else "")]
     else:
-        lines = [f"uploaded nothing: {up.reason}"]
+        reason = up.reason
+        if reason == "nothing was compiled" and triton is not None and (triton.hits or triton.compiled):
+            reason = "nothing new"  # torch compiled nothing, Triton's kernels were there already
+        lines = [f"uploaded nothing: {reason}"]
     if verbose > 0 and up.files_skipped:
         lines.extend(f"  not carried: {s}" for s in up.files_skipped[:20])
     return lines
@@ -385,12 +532,14 @@ def terminal_lines(report: SessionReport, verbose: int = 0, durations: int = 0) 
     if r is None or ld is None or t is None or up is None:
         lines.append("idle: the session never imported torch, so nothing was restored or uploaded")
         return lines + report.notes
-    lines += _restore_lines(r, verbose) + _load_line(ld) + _torch_lines(t, report.xdist)
+    lines += _restore_lines(r, verbose, report.xdist) + _load_line(ld) + _torch_lines(t, report.xdist)
     if durations:
         slow = slowest_uncached(t, durations)
         lines.append(f"slowest {len(slow)} uncached compiles:" if slow else "no test compiled anything uncached")
         lines.extend(f"  {rec['seconds']:7.2f} s  {rec['compiles']:3d} compiles  {nodeid}" for nodeid, rec in slow)
-    lines += _upload_lines(up, verbose)
+    lines += _upload_lines(up, verbose, t.triton)
+    if verbose > 0:
+        lines += _worker_lines(report.xdist)
     if verbose > 0 and report.processes:
         lines.append("seconds per process (startup to report; the exit comes after):")
         lines.extend("  " + p.line() for p in report.processes)

@@ -26,7 +26,7 @@ from . import bundle as bundlemod
 from .bundle import Entries, Entry
 from .errors import BundleError, StoreError, redact_cut
 from .fsutil import write_atomic
-from .report import ProcessTimes
+from .report import LoadStats, ProcessTimes, RestoreStats, XdistStats, as_count
 from .stores import LocalDirStore, ObjectInfo, new_object_name
 
 STAGE_FOLDER = "staged"
@@ -126,7 +126,11 @@ def worker_dir(base: str, worker_id: str) -> str:
 
 class Takeover:
     """The controller's side of the hand-over: what each worker's ``workeroutput`` says, merged. Plain data in
-    (one dict per worker), typed out; a worker whose output is missing or refused costs only its own work."""
+    (one dict per worker), typed out; a worker whose output is missing or refused costs only its own work.
+
+    The controller restores no files and compiles nothing: the session's figures are its workers' (files each
+    restored into its own directories, what each loaded into torch, its compile threads, its Triton kernels),
+    summed here and kept per worker too (:meth:`fold`, :meth:`stats`)."""
 
     def __init__(self, fingerprint: str) -> None:
         self.fingerprint = fingerprint
@@ -137,6 +141,9 @@ class Takeover:
         self.lost: list[str] = []
         self.problems: list[str] = []
         self.selection: str | None = None
+        self.restores: list[tuple[str, dict[str, Any]]] = []  # each worker's restore figures
+        self.loads: list[dict[str, Any]] = []  # what each worker loaded into torch
+        self.per_worker: dict[str, dict[str, Any]] = {}
 
     @property
     def workers(self) -> int:
@@ -157,10 +164,48 @@ class Takeover:
         except Exception as exc:  # noqa: BLE001 - OSError, BundleError or whatever a broken hand-over provokes
             self.problems.append(f"xdist worker {worker}'s artifacts were refused: {type(exc).__name__}: "
                                  f"{redact_cut(str(exc))}")
-        self.torch.append(dict(output.get("torch", {})))
+        torch = dict(output.get("torch", {}))
+        self.torch.append(torch)
+        restore = _mapping(output.get("restore"))
+        self.restores.append((worker, restore))
+        if isinstance(output.get("load"), dict):
+            self.loads.append(output["load"])
+        self.per_worker[worker] = _worker_row(torch, restore)
         if isinstance(output.get("times"), dict):
             self.times.append(ProcessTimes.from_dict(output["times"], worker))
         self.problems.extend(f"[{worker}] {problem}" for problem in output.get("problems", []))
         if self.selection is None and output.get("selection"):
             # Every worker collects the whole selection: the first one's digest is the session's.
             self.selection = str(output["selection"])
+
+    @property
+    def single_thread(self) -> bool:
+        """Every worker ran Inductor with one compile thread (the cache covered its tests)."""
+        return bool(self.per_worker) and all(row["single_compile_thread"] for row in self.per_worker.values())
+
+    def fold(self, restore: RestoreStats, load: LoadStats) -> None:
+        """Add the workers' restores of files (the controller's own writes none) and loads into the session's."""
+        for worker, figures in self.restores:
+            restore.add_files(figures, worker)
+        for figures in self.loads:
+            load.add(figures)
+
+    def stats(self, role: str) -> XdistStats:
+        return XdistStats(role, self.workers, list(self.lost), dict(self.per_worker))
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _worker_row(torch: dict[str, Any], restore: dict[str, Any]) -> dict[str, Any]:
+    """One worker's own figures, for the report's per-worker table."""
+    count = as_count
+    triton = _mapping(torch.get("triton"))
+    refused = restore.get("files_refused")
+    hits = triton.get("hits")
+    return {"files_written": count(restore.get("files_written")), "files_present": count(restore.get("files_present")),
+            "files_refused": len(refused) if isinstance(refused, list) else 0,
+            "single_compile_thread": bool(torch.get("single_compile_thread")), "compiles": count(torch.get("compiles")),
+            "triton_hits": count(hits) if hits is not None or not triton else None,
+            "triton_compiled": count(triton.get("compiled"))}

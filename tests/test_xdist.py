@@ -61,7 +61,8 @@ def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytest
     cold.result.assert_outcomes(passed=4)
     assert cold.fx_misses == 4, cold.counters
     assert cold.report is not None
-    assert cold.report["xdist"] == {"role": "controller", "workers": 2, "lost": []}
+    xd = cold.report["xdist"]
+    assert (xd["role"], xd["workers"], xd["lost"], sorted(xd["per_worker"])) == ("controller", 2, [], ["gw0", "gw1"])
     assert cold.report["upload"]["objects"] == 1  # one merged upload by the controller
     assert cold.report["torch"]["counters"]["fxgraph_cache_miss"] == 4  # the workers' counters, summed
     assert cold.report["upload"]["new_entries"]["torch/inductor"] == 4
@@ -89,6 +90,17 @@ def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytest
     assert warm.report["restore"]["bytes_fetched"] == size  # the controller fetched the one object once
     assert warm.report["upload"]["reason"] == "nothing new"
     assert mcb(s3_server, bucket_env["MEGACACHE_BUCKET"]) == [stored]
+    # The session's figures are its workers': each restored the compiled files into its own directory and loaded the
+    # torch artifacts (the controller does neither); one compile thread only where every worker ran with one.
+    rows = warm.report["xdist"]["per_worker"]
+    assert sorted(rows) == ["gw0", "gw1"] and all(row["files_written"] > 0 for row in rows.values()), rows
+    written = warm.report["restore"]["files_written"]
+    assert written == sum(row["files_written"] for row in rows.values())
+    assert warm.report["load"]["workers"] == 2 and warm.report["load"]["artifacts"]["inductor"] == 2 * 4
+    single = [row["single_compile_thread"] for row in rows.values()]
+    assert warm.report["torch"]["single_compile_thread"] == all(single)
+    warm.result.stdout.fnmatch_lines([f"restored 1/1 objects*; {written} files written by 2 xdist workers*",
+                                      "loaded into torch by 2 xdist workers: inductor 8*"])
 
 
 CRASHING = compiled_tests(["a", "c"]) + textwrap.dedent("""
