@@ -489,7 +489,8 @@ def _worker_lines(xd: XdistStats | None) -> list[str]:
             parts.insert(1, f"{w['files_present']} already there")
         if w.get("files_refused"):
             parts.insert(1, f"{w['files_refused']} refused")
-        parts.append("one compile thread" if w.get("single_compile_thread") else "torch's compile threads")
+        if w.get("compiles"):
+            parts.append("one compile thread" if w.get("single_compile_thread") else "torch's compile threads")
         if w.get("triton_hits") is not None or w.get("triton_compiled"):
             hits = w.get("triton_hits")
             parts.append(f"Triton {'?' if hits is None else hits} loaded / {w.get('triton_compiled', 0)} compiled")
