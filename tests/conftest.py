@@ -26,6 +26,14 @@ S3Server = LocalS3  # a moto S3 server over HTTP on loopback, shared by the test
 HERMETIC_PREFIXES = ("MEGACACHE_", "GITHUB_", "TORCH_COMPILE_JOB_ID", "PYTEST_XDIST_", "PYTEST_ADDOPTS")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the tests that start torch in subprocesses first: they take seconds to minutes each,
+    the others milliseconds, so the short ones fill the workers' ends (longest first balances the workers).
+    A module's tests stay in their order; a serial run keeps pytest's order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("torch") is None)
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     with S3Server() as server:

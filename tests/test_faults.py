@@ -32,7 +32,8 @@ from .faultproxy import FaultProxy
 from .helpers_torch import COUNTERS_CONFTEST, skip_without_torch
 
 skip_without_torch()
-pytestmark = pytest.mark.torch
+# One chain of sessions per module: under pytest-xdist (--dist loadgroup) its tests share one worker.
+pytestmark = [pytest.mark.torch, pytest.mark.xdist_group("faults-chain")]
 
 RESTORE_BUDGET = 4.0
 UPLOAD_BUDGET = 4.0

@@ -1,4 +1,6 @@
-"""The pytest side without compiling anything: options, precedence, removal, reports, fail-open paths."""
+"""The pytest side without compiling anything: options, precedence, removal, reports, fail-open paths.
+
+The sessions whose tests import torch (the restore starts then) are marked ``torch``: they take seconds."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from .conftest import S3Server, fake_elf, free_port
 PLAIN_TEST = "def test_ok():\n    assert True\n"
 # A session that imports torch starts the restore (without compiling anything).
 TORCH_TEST = "import torch\n\ndef test_ok():\n    assert torch.ones(1).sum() == 1\n"
+# Its subprocess imports torch: seconds, so outside the fast tier (-m "not torch").
+starts_torch = pytest.mark.torch
 
 
 def test_help_lists_the_option_group(pytester: pytest.Pytester) -> None:
@@ -83,6 +87,7 @@ def test_p_no_megacache_removes_the_plugin(pytester: pytest.Pytester, monkeypatc
     assert report.exists()
 
 
+@starts_torch
 def test_report_schema_and_step_summary(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     summary = pytester.path / "summary.md"
     report = pytester.path / "r.json"
@@ -101,6 +106,7 @@ def test_report_schema_and_step_summary(pytester: pytest.Pytester, monkeypatch: 
     assert "### pytest-megacache" in summary.read_text()
 
 
+@starts_torch
 def test_unwritable_directory_store_fails_open(pytester: pytest.Pytester) -> None:
     blocker = pytester.path / "not-a-dir"
     blocker.write_text("a file where the store directory should be")
@@ -112,6 +118,7 @@ def test_unwritable_directory_store_fails_open(pytester: pytest.Pytester) -> Non
     result.stdout.fnmatch_lines(["*MegacacheWarning: restore: cannot list*"])
 
 
+@starts_torch
 def test_dead_endpoint_costs_seconds_not_minutes(pytester: pytest.Pytester, s3_server: S3Server,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in s3_server.env().items():
@@ -167,6 +174,7 @@ def bundle_in_a_directory_store(pytester: pytest.Pytester, monkeypatch: pytest.M
     return inductor, store
 
 
+@starts_torch
 def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest.Pytester,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A stored file entry lands in TORCHINDUCTOR_CACHE_DIR before tests run (no compile needed to check)."""
@@ -190,6 +198,7 @@ def test_restored_files_are_written_into_the_inductor_cache_dir(pytester: pytest
     assert kernel.stat().st_mode & 0o777 == 0o755
 
 
+@starts_torch
 def test_a_truncated_kernel_file_in_a_bundle_is_refused_not_written(pytester: pytest.Pytester,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A .so cut short (collected mid-build by an older version) would make the import fail with "file too
@@ -242,6 +251,7 @@ def test_a_session_that_never_imports_torch_restores_nothing(pytester: pytest.Py
     assert not store.exists()
 
 
+@starts_torch
 def test_credentials_never_reach_warnings_or_the_report(pytester: pytest.Pytester, s3_server: S3Server,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in s3_server.env().items():

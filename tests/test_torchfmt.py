@@ -254,6 +254,7 @@ _TORCH_READER = textwrap.dedent(
 )
 
 
+@pytest.mark.torch  # a process importing torch: seconds
 def test_torch_reads_what_we_write() -> None:
     # Skip without torch, but never import it here: that takes seconds and changes the whole process.
     if importlib.util.find_spec("torch") is None:
