@@ -17,9 +17,9 @@ import pytest
 
 from pytest_megacache import bundle as bundlemod
 
-from .helpers_torch import Run, TorchProject
+from .helpers_torch import Run, TorchProject, skip_without_torch
 
-pytest.importorskip("torch")
+skip_without_torch()
 pytestmark = pytest.mark.torch
 
 KID = textwrap.dedent(

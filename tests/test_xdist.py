@@ -22,9 +22,9 @@ import pytest
 from pytest_megacache import bundle as bundlemod
 
 from .conftest import S3Server
-from .helpers_torch import TorchProject
+from .helpers_torch import TorchProject, skip_without_torch
 
-pytest.importorskip("torch")
+skip_without_torch()
 pytest.importorskip("xdist")
 pytestmark = pytest.mark.torch
 
