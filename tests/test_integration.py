@@ -2,11 +2,13 @@
 
 Hits and misses are read from torch's own counters (written by the project's conftest), never from the
 plugin's report alone. The sessions that many tests read run once per module, in two chains (one over S3,
-one over a directory store); each test asserts on the runs and the store snapshots it needs.
+one over a directory store); each test asserts on the runs and the store snapshots it needs. The chains carry
+per-test attribution (--megacache-durations), fork pull requests and an explicit ``-n 0`` too.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import textwrap
@@ -206,6 +208,7 @@ def test_read_mode_never_uploads_and_write_mode_never_restores(s3_chain: S3Chain
 # --- one directory store: a push to main (cold, then warm), then a fork's pull request ------------------------
 
 
+XDIST = importlib.util.find_spec("xdist") is not None
 PUSH_TO_MAIN: dict[str, str | None] = {"GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main",
                                        "GITHUB_REF_NAME": "main"}
 
@@ -233,7 +236,9 @@ def dir_chain(tmp_path_factory: pytest.TempPathFactory) -> DirChain:
     fork_env: dict[str, str | None] = {"GITHUB_EVENT_NAME": "pull_request", "GITHUB_EVENT_PATH": str(event),
                                        "GITHUB_REF": "refs/pull/7/merge", "GITHUB_HEAD_REF": "patch-1",
                                        "GITHUB_BASE_REF": "main"}
-    for name, args, env in (("main", ("-k", "test_f"), PUSH_TO_MAIN),
+    # The first run says -n 0 too where pytest-xdist is installed: xdist loaded, no workers, no controller.
+    n0 = ("-n", "0") if XDIST else ()
+    for name, args, env in (("main", (*n0, "-k", "test_f"), PUSH_TO_MAIN),
                             ("warm", ("-k", "test_f"), None),
                             ("pr", (), fork_env),  # compiles test_g, which main's cache lacks
                             ("explicit", ("--megacache-mode", "readwrite"), fork_env)):  # an explicit mode wins
@@ -289,6 +294,15 @@ def test_a_fork_pull_request_restores_but_never_uploads(dir_chain: DirChain) -> 
     explicit = dir_chain.runs["explicit"]
     assert explicit.report is not None and explicit.report["upload"]["objects"] == 1
     assert sorted(p.relative_to(dir_chain.store).parts[1] for p in dir_chain.stored["explicit"]) == ["main", "pr-7"]
+
+
+@pytest.mark.xdist_group("integration-dir-chain")
+@pytest.mark.skipif(not XDIST, reason="pytest-xdist is not installed")
+def test_n0_runs_without_a_controller(dir_chain: DirChain) -> None:
+    run = dir_chain.runs["main"]  # -n 0
+    run.result.assert_outcomes(passed=1)
+    assert run.report is not None
+    assert run.report["xdist"]["role"] == "solo" and run.report["upload"]["objects"] == 1
 
 
 # --- sessions of their own ---------------------------------------------------------------------------------

@@ -139,14 +139,6 @@ def test_a_crashed_worker_loses_only_its_own_artifacts(pytester: pytest.Pytester
     assert warm.fx_hits >= survived and warm.fx_hits + warm.fx_misses == 2, warm.counters
 
 
-def test_n0_runs_without_a_controller(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=compiled_tests(["a"]))
-    run = project.run("-n", "0")
-    run.result.assert_outcomes(passed=1)
-    assert run.report is not None
-    assert run.report["xdist"]["role"] == "solo" and run.report["upload"]["objects"] == 1
-
-
 def test_four_sessions_at_once_then_a_warm_one_hits_everything(tmp_path: Path, s3_server: S3Server,
                                                                bucket_env: dict[str, str]) -> None:
     """K = 4 CI jobs with one fingerprint start together, each compiling something else: nothing is lost."""
