@@ -614,10 +614,13 @@ class CacheSession:
                worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None = None) -> None:
         """Record torch's counters, then upload what is new (this process's and its xdist workers')."""
         self.account(adapter, workers)
-        if worker_entries is not None and workers:
-            # Workers sharing cache directories (the user chose them) each find what the others' children wrote:
-            # the graphs other processes compiled are counted once, from what the workers handed over together.
-            self.torch_stats.other_processes = other_process_layers(worker_entries)
+        if worker_entries is not None:
+            # Workers sharing cache directories (the user chose them) each find the graphs the other workers
+            # recorded (they travel in those workers' torch entries: dropped here) and what the others' children
+            # wrote: the graphs other processes compiled are counted once, from what the workers handed over.
+            worker_entries = without_torch_twins(worker_entries, self.restored)
+            if workers:
+                self.torch_stats.other_processes = other_process_layers(worker_entries)
         up = self.upload_stats
         # Wait even when nothing compiled, so a broken store is reported in every session (paid once).
         if self.reads and not self.wait_restore():
@@ -874,6 +877,15 @@ class CacheSession:
         except BundleError as exc:
             return str(exc)
         return None
+
+
+def without_torch_twins(entries: Entries, restored: Entries) -> Entries:
+    """``entries`` less the files of torch's on-disk caches whose artifact travels as a torch entry already (in
+    ``entries`` or ``restored``): one graph, carried once."""
+    known = {e.ident for e in entries.of_kind_prefix(bundlemod.TORCH_PREFIX)}
+    known |= {e.ident for e in restored.of_kind_prefix(bundlemod.TORCH_PREFIX)}
+    return Entries(e for e in entries if not (e.kind == bundlemod.FILE_PREFIX + "inductor"
+                                              and torch_cache_ident(e.name) in known))
 
 
 def other_process_layers(entries: Entries) -> dict[str, int]:

@@ -45,3 +45,20 @@ def test_a_plain_object_names_its_own_selection(tmp_path: Path) -> None:
 def test_nothing_restored_stages_no_object(tmp_path: Path) -> None:
     assert xdist.stage(tmp_path, Entries(), FP, ok=True, selections=["sel-a"]) is None
     assert not (tmp_path / xdist.STAGE_FOLDER).exists() or not list((tmp_path / xdist.STAGE_FOLDER).iterdir())
+
+
+def test_a_graph_recorded_by_one_worker_travels_once() -> None:
+    """Workers sharing cache directories (the user set them) find each other's graph files: the controller keeps the
+    torch entry and drops the file twin; a child's graph (no torch entry anywhere) stays a file."""
+    from pytest_megacache.core import other_process_layers, without_torch_twins
+
+    key_a, key_b, key_c = "fa" + "a" * 50, "fb" + "b" * 50, "fc" + "c" * 50
+    handed = Entries([Entry("torch/inductor", key_a, b"graph a"),
+                      Entry("file/inductor", f"fxgraph/{key_a[1:3]}/{key_a}/entry", b"graph a on disk"),
+                      Entry("file/inductor", f"fxgraph/{key_b[1:3]}/{key_b}/entry", b"graph b on disk"),
+                      Entry("file/inductor", f"fxgraph/{key_c[1:3]}/{key_c}/entry", b"a child's graph"),
+                      Entry("file/inductor", "ab/kernel.so", b"\x7fELF...")])
+    restored = Entries([Entry("torch/inductor", key_b, b"graph b")])
+    kept = without_torch_twins(handed, restored)
+    assert sorted(e.name for e in kept) == sorted([key_a, f"fxgraph/{key_c[1:3]}/{key_c}/entry", "ab/kernel.so"])
+    assert other_process_layers(kept) == {"inductor": 1}
