@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import zstandard
 
-from . import envpolicy, torchfmt
+from . import torchfmt
 from .errors import BundleError, redact_cut
 
 MAGIC = b"PMCB"
@@ -198,9 +198,9 @@ def entries_from_torch(container: bytes, skipped: list[str] | None = None) -> En
     artifact whose key is unsafe is left out and named there instead of refusing the whole container."""
     latest: dict[tuple[str, str], Entry] = {}
     for t, k, c in torchfmt.parse(container, skipped):
-        # torch copies every TORCH*/INDUCTOR*/TRITON* variable into the repro script a compiled graph carries:
-        # the values no report would show are blanked (same length: the pickle still loads) before upload.
-        entry = Entry(TORCH_PREFIX + t, k, envpolicy.scrub_torch_artifact(c))
+        # (What torch copies of the environment into a graph's repro script is blanked before anything is stored,
+        # with every other entry: CacheSession.scrubbed.)
+        entry = Entry(TORCH_PREFIX + t, k, c)
         latest[entry.ident] = entry
     return Entries(latest.values())
 
