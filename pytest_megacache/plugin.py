@@ -451,6 +451,9 @@ class Compiling(Role):
     def close(self) -> None:
         if self._torch_hook is not None:
             self._torch_hook.remove()
+        if self.restore_signal is not None:
+            # The tests are over: a child still to come starts no restore and waits for none.
+            self.restore_signal.set()
         isaprobe.disarm(self._isa_hook)
         self._isa_hook = None
         self.adapter.uninstall()
