@@ -544,6 +544,8 @@ class Worker(Compiling):
                                "selection": self.selection, "restore": asdict(cs.restore_stats),
                                "load": asdict(cs.load_stats)})
             output["problems"] = [redact(p) for p in cs.new_problems()]
+        # Notes (the vector-ISA check's, say) are said once by the controller, not once per worker.
+        output["notes"] = [redact(n) for n in dict.fromkeys(self.notes + (cs.notes if cs is not None else []))]
         with self.contained("timing the worker"):
             output["times"] = asdict(self.process_times())
         workeroutput: dict[str, Any] = getattr(self.config, "workeroutput", {})
@@ -612,6 +614,7 @@ class Controller(Role):
             return
         for problem in takeover.problems:
             cs.problem(problem)
+        self.notes.extend(note for note in takeover.notes if note not in self.notes)
         cs.finish(None, workers=takeover.torch, worker_entries=takeover.entries, worker_profiles=takeover.profiles)
         takeover.fold(cs.restore_stats, cs.load_stats)  # the workers' restores of files and loads: the session's
         self.single_thread = takeover.single_thread

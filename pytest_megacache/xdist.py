@@ -140,6 +140,7 @@ class Takeover:
         self.times: list[ProcessTimes] = []  # where each worker's seconds went
         self.lost: list[str] = []
         self.problems: list[str] = []
+        self.notes: list[str] = []  # the workers' notes, each said once
         self.selection: str | None = None
         self.restores: list[tuple[str, dict[str, Any]]] = []  # each worker's restore figures
         self.loads: list[dict[str, Any]] = []  # what each worker loaded into torch
@@ -174,6 +175,10 @@ class Takeover:
         if isinstance(output.get("times"), dict):
             self.times.append(ProcessTimes.from_dict(output["times"], worker))
         self.problems.extend(f"[{worker}] {problem}" for problem in output.get("problems", []))
+        notes = output.get("notes")
+        for note in (notes if isinstance(notes, list) else [])[:20]:
+            if isinstance(note, str) and note not in self.notes:
+                self.notes.append(note[:1000])
         if self.selection is None and output.get("selection"):
             # Every worker collects the whole selection: the first one's digest is the session's.
             self.selection = str(output["selection"])

@@ -62,3 +62,12 @@ def test_a_graph_recorded_by_one_worker_travels_once() -> None:
     kept = without_torch_twins(handed, restored)
     assert sorted(e.name for e in kept) == sorted([key_a, f"fxgraph/{key_c[1:3]}/{key_c}/entry", "ab/kernel.so"])
     assert other_process_layers(kept) == {"inductor": 1}
+
+
+def test_the_workers_notes_are_said_once() -> None:
+    takeover = xdist.Takeover(FP)
+    note = "torch's vector-ISA check records its own successes"
+    takeover.take("gw0", {"notes": [note, "only gw0's"], "problems": ["a fault"]}, None)
+    takeover.take("gw1", {"notes": [note, 42], "problems": []}, None)
+    assert takeover.notes == [note, "only gw0's"]
+    assert takeover.problems == ["[gw0] a fault"]
