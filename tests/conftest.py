@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     A module's tests stay in their order; a serial run keeps pytest's order."""
     if hasattr(config, "workerinput"):
         items.sort(key=lambda item: item.get_closest_marker("torch") is None)
+
+
+def _xdist_unit(nodeid: str) -> str:
+    """The scheduling unit of a test under ``-n N``: its class, if it is a method (the tests of a class assert
+    on one chain of sessions, a class-scoped fixture, run once), else the test itself."""
+    parts = nodeid.split("[", 1)[0].split("::")
+    return "::".join(parts[:2]) if len(parts) > 2 else nodeid
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pytest-xdist is a test extra; without it, every run is serial
+    pass
+else:
+
+    class _ClassScheduling(LoadScopeScheduling):
+        """``--dist load``, except that a class's tests share one worker. (``--dist loadgroup`` would do it with
+        marks, but groups nothing on pytest 9.2: pytest-xdist#1386.) The classes go first (most tests first),
+        then every other test in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _xdist_unit(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+        if config.getvalue("dist") != "load":
+            return None  # an explicit --dist stands
+        return _ClassScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ cannot build a client (a missing AWS profile, an endpoint without a scheme).
 Each session is a subprocess whose wall time is measured from outside, until the process has exited (threads
 left blocked in I/O must not hold it). Every fault must give: the tests pass, exactly one MegacacheWarning,
 an exit within the session's own time (a plain run of the same tests, measured in the same chain) plus the
-configured budgets, and a store that a following warm run finds intact. The sessions run once per module, in
-one chain, and the tests read what they need from it.
+configured budgets, and a store that a following warm run finds intact. The sessions run once, in one chain
+(a class-scoped fixture), and the tests of the class read what they need from it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from .faultproxy import FaultProxy
 from .helpers_torch import COUNTERS_CONFTEST, skip_without_torch
 
 skip_without_torch()
-# One chain of sessions per module: under pytest-xdist (--dist loadgroup) its tests share one worker.
-pytestmark = [pytest.mark.torch, pytest.mark.xdist_group("faults-chain")]
+pytestmark = pytest.mark.torch
 
 RESTORE_BUDGET = 4.0
 UPLOAD_BUDGET = 4.0
@@ -128,7 +127,7 @@ class Chain:
         return self.outcomes["plain"].wall + sum(budgets) + SLACK
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     with FaultProxy(s3_server.url) as proxy:
         c = Chain(tmp_path_factory.mktemp("faults"), s3_server, proxy)
@@ -164,81 +163,86 @@ def assert_contained(chain: Chain, name: str, *budgets: float, says: str) -> Out
     return run
 
 
-def test_the_chain_starts_from_a_plain_run_and_a_cold_upload(chain: Chain) -> None:
-    plain, cold = chain.outcomes["plain"], chain.outcomes["cold"]
-    assert plain.rc == 0 and cold.rc == 0 and not cold.warnings
-    assert cold.report is not None and cold.report["upload"]["objects"] == 1
-    assert cold.wall < chain.bound()
+class TestFaultChain:
+    """Assertions on the chain's sessions (a class: under pytest-xdist its tests share one worker)."""
+
+    def test_the_chain_starts_from_a_plain_run_and_a_cold_upload(self, chain: Chain) -> None:
+        plain, cold = chain.outcomes["plain"], chain.outcomes["cold"]
+        assert plain.rc == 0 and cold.rc == 0 and not cold.warnings
+        assert cold.report is not None and cold.report["upload"]["objects"] == 1
+        assert cold.wall < chain.bound()
 
 
-def test_a_trickled_get_body_costs_the_restore_budget_once(chain: Chain) -> None:
-    run = assert_contained(chain, "trickle-get", RESTORE_BUDGET, GRACE, says="not fetched within the budget of the restore (4 s")
-    assert run.report is not None and run.report["upload"]["reason"] == "store unavailable"
-    assert any(mode == "trickle-get" for _m, _p, mode in run.requests)  # the body really trickled
+    def test_a_trickled_get_body_costs_the_restore_budget_once(self, chain: Chain) -> None:
+        run = assert_contained(chain, "trickle-get", RESTORE_BUDGET, GRACE,
+                               says="not fetched within the budget of the restore (4 s")
+        assert run.report is not None and run.report["upload"]["reason"] == "store unavailable"
+        assert any(mode == "trickle-get" for _m, _p, mode in run.requests)  # the body really trickled
 
 
-def test_503_on_every_request_is_three_requests_and_one_warning(chain: Chain) -> None:
-    run = assert_contained(chain, "503", says="SlowDown")
-    # One listing, 3 attempts in all (botocore's max_attempts would have made 4), and no upload tried after it.
-    assert [(m, mode) for m, _p, mode in run.requests] == [("GET", "503")] * 3
-    assert run.report is not None and run.report["upload"]["reason"] == "store unavailable"
+    def test_503_on_every_request_is_three_requests_and_one_warning(self, chain: Chain) -> None:
+        run = assert_contained(chain, "503", says="SlowDown")
+        # One listing, 3 attempts in all (botocore's max_attempts would have made 4), and no upload tried after it.
+        assert [(m, mode) for m, _p, mode in run.requests] == [("GET", "503")] * 3
+        assert run.report is not None and run.report["upload"]["reason"] == "store unavailable"
 
 
-def test_an_endpoint_that_never_answers_costs_the_restore_budget(chain: Chain) -> None:
-    run = assert_contained(chain, "blackhole", RESTORE_BUDGET, GRACE,
-                           says="listing the store did not finish within the budget of the restore (4 s")
-    assert run.report is not None and run.report["upload"]["reason"] == "store unavailable"
+    def test_an_endpoint_that_never_answers_costs_the_restore_budget(self, chain: Chain) -> None:
+        run = assert_contained(chain, "blackhole", RESTORE_BUDGET, GRACE,
+                               says="listing the store did not finish within the budget of the restore (4 s")
+        assert run.report is not None and run.report["upload"]["reason"] == "store unavailable"
 
 
-def test_strict_mode_fails_within_the_same_budget(chain: Chain) -> None:
-    run = chain.outcomes["strict-blackhole"]
-    assert run.rc == pytest.ExitCode.USAGE_ERROR, run.out[-3000:]
-    assert "pytest-megacache (strict): restore: listing the store did not finish within the budget of the restore" in run.out
-    assert run.wall < chain.bound(RESTORE_BUDGET, GRACE)
+    def test_strict_mode_fails_within_the_same_budget(self, chain: Chain) -> None:
+        run = chain.outcomes["strict-blackhole"]
+        assert run.rc == pytest.ExitCode.USAGE_ERROR, run.out[-3000:]
+        assert "pytest-megacache (strict): restore: listing the store did not finish within the budget of the restore" in run.out
+        assert run.wall < chain.bound(RESTORE_BUDGET, GRACE)
 
 
-def test_precompile_waits_for_the_restore_at_session_start_within_the_same_budget(chain: Chain) -> None:
-    """--megacache-precompile loads the restore before collection (torch looks its entries up when torch.compile()
-    wraps a function): against an endpoint that never answers, that wait costs the restore budget once."""
-    run = assert_contained(chain, "precompile-blackhole", RESTORE_BUDGET, GRACE,
-                           says="listing the store did not finish within the budget of the restore (4 s")
-    assert run.report is not None and run.report["settings"]["precompile"] is True
-    assert run.report["processes"][0]["restore_wait"] >= RESTORE_BUDGET - 1  # the wait is at session start
+    def test_precompile_waits_for_the_restore_at_session_start_within_the_same_budget(self, chain: Chain) -> None:
+        """--megacache-precompile loads the restore before collection (torch looks its entries up when torch.compile()
+        wraps a function): against an endpoint that never answers, that wait costs the restore budget once."""
+        run = assert_contained(chain, "precompile-blackhole", RESTORE_BUDGET, GRACE,
+                               says="listing the store did not finish within the budget of the restore (4 s")
+        assert run.report is not None and run.report["settings"]["precompile"] is True
+        assert run.report["processes"][0]["restore_wait"] >= RESTORE_BUDGET - 1  # the wait is at session start
 
 
-def test_a_reset_mid_put_is_one_warning(chain: Chain) -> None:
-    run = assert_contained(chain, "reset-put", UPLOAD_BUDGET, says="upload")
-    assert run.report is not None and run.report["upload"]["reason"] == "upload failed"
-    assert [m for m, _p, mode in run.requests if mode == "reset-put"] == ["PUT"] * 3
+    def test_a_reset_mid_put_is_one_warning(self, chain: Chain) -> None:
+        run = assert_contained(chain, "reset-put", UPLOAD_BUDGET, says="upload")
+        assert run.report is not None and run.report["upload"]["reason"] == "upload failed"
+        assert [m for m, _p, mode in run.requests if mode == "reset-put"] == ["PUT"] * 3
 
 
-def test_a_trickled_put_response_costs_the_upload_budget(chain: Chain) -> None:
-    run = assert_contained(chain, "trickle-put", UPLOAD_BUDGET, says="upload did not finish within the budget of the upload (4 s")
-    assert run.report is not None and run.report["upload"]["reason"] == "upload failed"
+    def test_a_trickled_put_response_costs_the_upload_budget(self, chain: Chain) -> None:
+        run = assert_contained(chain, "trickle-put", UPLOAD_BUDGET,
+                               says="upload did not finish within the budget of the upload (4 s")
+        assert run.report is not None and run.report["upload"]["reason"] == "upload failed"
 
 
-@pytest.mark.parametrize(("name", "says"), [("no-profile", "ProfileNotFound"), ("no-scheme", "ValueError")])
-def test_a_client_boto3_cannot_build_is_one_warning_and_a_report(chain: Chain, name: str, says: str) -> None:
-    run = assert_contained(chain, name, says=says)
-    assert run.report is not None and run.report["upload"]["reason"] == "store unavailable"
-    assert "megacache" in run.out and "uploaded nothing: store unavailable" in run.out  # the summary is there
+    @pytest.mark.parametrize(("name", "says"), [("no-profile", "ProfileNotFound"), ("no-scheme", "ValueError")])
+    def test_a_client_boto3_cannot_build_is_one_warning_and_a_report(self, chain: Chain, name: str, says: str) -> None:
+        run = assert_contained(chain, name, says=says)
+        assert run.report is not None and run.report["upload"]["reason"] == "store unavailable"
+        assert "megacache" in run.out and "uploaded nothing: store unavailable" in run.out  # the summary is there
 
 
-def test_after_every_fault_the_store_is_intact(chain: Chain, s3_server: S3Server) -> None:
-    warm = chain.outcomes["warm"]
-    assert warm.rc == 0 and not warm.warnings, warm.out[-3000:]
-    assert warm.counter("inductor", "fxgraph_cache_hit") == 1 and warm.counter("inductor", "fxgraph_cache_miss") == 0
-    client = s3_server.client()
-    for key in s3_server.keys(chain.bucket):  # every stored object is whole and valid
-        blob = client.get_object(Bucket=chain.bucket, Key=key)["Body"].read()
-        bundlemod.decode(blob)
+    def test_after_every_fault_the_store_is_intact(self, chain: Chain, s3_server: S3Server) -> None:
+        warm = chain.outcomes["warm"]
+        assert warm.rc == 0 and not warm.warnings, warm.out[-3000:]
+        assert warm.counter("inductor", "fxgraph_cache_hit") == 1 and warm.counter("inductor", "fxgraph_cache_miss") == 0
+        client = s3_server.client()
+        for key in s3_server.keys(chain.bucket):  # every stored object is whole and valid
+            blob = client.get_object(Bucket=chain.bucket, Key=key)["Body"].read()
+            bundlemod.decode(blob)
 
 
-def test_strict_mode_passes_a_healthy_session_that_compiles_only_new_graphs(chain: Chain) -> None:
-    """A session (a shard, new code) whose graphs the store does not hold yet restores objects and hits none of
-    them: healthy, a note and no problem, so --megacache-strict does not fail it."""
-    run = chain.outcomes["strict-new-graph"]
-    assert run.rc == 0 and not run.warnings, run.out[-3000:]
-    assert run.counter("inductor", "fxgraph_cache_hit") == 0 and run.counter("inductor", "fxgraph_cache_miss") == 1
-    assert run.report is not None and run.report["problems"] == [] and run.report["restore"]["objects_used"] >= 1
-    assert any("compiled only graphs they do not hold" in note for note in run.report["notes"])
+    def test_strict_mode_passes_a_healthy_session_that_compiles_only_new_graphs(self, chain: Chain) -> None:
+        """A session (a shard, new code) whose graphs the store does not hold yet restores objects and hits none of
+        them: healthy, a note and no problem, so --megacache-strict does not fail it."""
+        run = chain.outcomes["strict-new-graph"]
+        assert run.rc == 0 and not run.warnings, run.out[-3000:]
+        assert run.counter("inductor", "fxgraph_cache_hit") == 0 and run.counter("inductor", "fxgraph_cache_miss") == 1
+        assert run.report is not None and run.report["problems"] == [] and run.report["restore"]["objects_used"] >= 1
+        assert any("compiled only graphs they do not hold" in note for note in run.report["notes"])

@@ -1,9 +1,9 @@
 """End to end: real torch.compile (CPU Inductor) in pytest subprocesses, real S3 over HTTP (moto server).
 
 Hits and misses are read from torch's own counters (written by the project's conftest), never from the
-plugin's report alone. The sessions that many tests read run once per module, in two chains (one over S3,
-one over a directory store); each test asserts on the runs and the store snapshots it needs. The chains carry
-per-test attribution (--megacache-durations), fork pull requests and an explicit ``-n 0`` too.
+plugin's report alone. The sessions that many tests read run once, in two chains (one over S3, one over a
+directory store), each a class-scoped fixture of the class whose tests assert on its runs and store snapshots.
+The chains carry per-test attribution (--megacache-durations), fork pull requests and an explicit ``-n 0`` too.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class S3Chain:
         return run
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def s3_chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> S3Chain:
     bucket = s3_server.new_bucket()
     project = TorchProject(path=tmp_path_factory.mktemp("s3-chain"),
@@ -124,85 +124,84 @@ def s3_chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> S
     return chain
 
 
-@pytest.mark.xdist_group("integration-s3-chain")
-def test_cold_then_warm_over_s3_subset_never_shrinks(s3_chain: S3Chain) -> None:
-    cold = s3_chain.runs["cold"]
-    cold.result.assert_outcomes(passed=3)
-    assert cold.fx_misses == 2 and cold.fx_hits == 0
-    assert cold.report and cold.report["upload"]["objects"] == 1
-    assert cold.report["upload"]["new_entries"]["file/inductor"] > 0  # compiled C++ kernels travel too
-    cold.result.stdout.fnmatch_lines(["*megacache*", "fingerprint torch-*", "uploaded *new entries*"])
-    assert len(s3_chain.objects["cold"]) == 1
+class TestS3Chain:
+    """Assertions on the S3 chain's sessions (a class: under pytest-xdist its tests share one worker)."""
 
-    # A fresh runner that runs a subset: everything it touches hits, and it must not shrink the cache.
-    subset = s3_chain.runs["subset"]
-    subset.result.assert_outcomes(passed=1, deselected=2)
-    assert subset.fx_hits == 1 and subset.fx_misses == 0
-    assert subset.report and subset.report["upload"]["reason"] == "nothing new"
-    assert len(s3_chain.objects["subset"]) == 1
+    def test_cold_then_warm_over_s3_subset_never_shrinks(self, s3_chain: S3Chain) -> None:
+        cold = s3_chain.runs["cold"]
+        cold.result.assert_outcomes(passed=3)
+        assert cold.fx_misses == 2 and cold.fx_hits == 0
+        assert cold.report and cold.report["upload"]["objects"] == 1
+        assert cold.report["upload"]["new_entries"]["file/inductor"] > 0  # compiled C++ kernels travel too
+        cold.result.stdout.fnmatch_lines(["*megacache*", "fingerprint torch-*", "uploaded *new entries*"])
+        assert len(s3_chain.objects["cold"]) == 1
 
-    warm = s3_chain.runs["warm"]
-    assert_all_hit(warm, graphs=2)
-    assert warm.report is not None
-    assert warm.report["restore"]["files_written"] > 0
-    assert warm.report["load"]["ok"] is True
-    assert warm.report["upload"]["objects"] == 0
-    warm.result.stdout.fnmatch_lines(["restored 1/1 objects*", "loaded into torch:*",
-                                      "torch: FX graph 2 hit / 0 miss / 0 bypass*"])
+        # A fresh runner that runs a subset: everything it touches hits, and it must not shrink the cache.
+        subset = s3_chain.runs["subset"]
+        subset.result.assert_outcomes(passed=1, deselected=2)
+        assert subset.fx_hits == 1 and subset.fx_misses == 0
+        assert subset.report and subset.report["upload"]["reason"] == "nothing new"
+        assert len(s3_chain.objects["subset"]) == 1
 
-
-@pytest.mark.xdist_group("integration-s3-chain")
-def test_durations_and_per_test_attribution(s3_chain: S3Chain) -> None:
-    cold = s3_chain.runs["cold"]  # with --megacache-durations=2, as the warm run
-    cold.result.assert_outcomes(passed=3)
-    cold.result.stdout.fnmatch_lines(["slowest 2 uncached compiles:", "*s  *compiles  test_compiled.py::test_*",
-                                      "*s  *compiles  test_compiled.py::test_*"])
-    assert cold.report is not None
-    per_test = cold.report["torch"]["per_test"]
-    assert set(per_test) == {"test_compiled.py::test_f", "test_compiled.py::test_g"}  # test_plain compiles nothing
-    for record in per_test.values():
-        assert record["seconds"] > 0 and record["counters"]["fxgraph_cache_miss"] == 1
-        assert any(a.startswith("inductor:") for a in record["artifacts"])
-
-    warm = s3_chain.runs["warm"]
-    assert warm.fx_misses == 0 and warm.fx_hits == 2
-    warm.result.stdout.fnmatch_lines(["*of cold compiling saved*", "no test compiled anything uncached"])
-    assert warm.report is not None
-    saved = warm.report["torch"]["seconds_saved"]
-    # What the warm run saved is what the cold run spent on those artifacts.
-    assert 0 < saved <= sum(r["seconds"] for r in per_test.values()) + 0.01
+        warm = s3_chain.runs["warm"]
+        assert_all_hit(warm, graphs=2)
+        assert warm.report is not None
+        assert warm.report["restore"]["files_written"] > 0
+        assert warm.report["load"]["ok"] is True
+        assert warm.report["upload"]["objects"] == 0
+        warm.result.stdout.fnmatch_lines(["restored 1/1 objects*", "loaded into torch:*",
+                                          "torch: FX graph 2 hit / 0 miss / 0 bypass*"])
 
 
-@pytest.mark.xdist_group("integration-s3-chain")
-def test_corrupt_foreign_and_hostile_objects_are_refused_before_torch(s3_chain: S3Chain) -> None:
-    folder = fingerprint_folder(s3_chain.runs["cold"])
-    bad = s3_chain.planted
-    assert len(bad) == 6 and "refusing" in s3_chain.runs
-    warm = s3_chain.runs["refusing"]
-    # The good object still serves the session; every bad one is refused and named, in the session's one warning.
-    assert warm.result.ret == 0
-    assert warm.fx_hits == 1 and warm.fx_misses == 0
-    refused = [line for line in warm.result.outlines if "MegacacheWarning: refused" in line]
-    assert len(refused) == 1, warm.result.outlines
-    joined = refused[0]
-    assert all(f"refused {folder}/{name}" in joined for name in bad), joined
-    for reason in ("bad magic", "truncated", "SHA-256 mismatch", "not this environment", "unsafe file path",
-                   "unsafe inductor key"):
-        assert reason in joined
-    assert warm.report and warm.report["restore"]["objects_rejected"] == len(bad)
-    assert not list(Path(warm.root).parent.rglob("escaped.so")) and not list(Path(warm.root).parent.rglob("pwned"))
+    def test_durations_and_per_test_attribution(self, s3_chain: S3Chain) -> None:
+        cold = s3_chain.runs["cold"]  # with --megacache-durations=2, as the warm run
+        cold.result.assert_outcomes(passed=3)
+        cold.result.stdout.fnmatch_lines(["slowest 2 uncached compiles:", "*s  *compiles  test_compiled.py::test_*",
+                                          "*s  *compiles  test_compiled.py::test_*"])
+        assert cold.report is not None
+        per_test = cold.report["torch"]["per_test"]
+        assert set(per_test) == {"test_compiled.py::test_f", "test_compiled.py::test_g"}  # test_plain compiles nothing
+        for record in per_test.values():
+            assert record["seconds"] > 0 and record["counters"]["fxgraph_cache_miss"] == 1
+            assert any(a.startswith("inductor:") for a in record["artifacts"])
+
+        warm = s3_chain.runs["warm"]
+        assert warm.fx_misses == 0 and warm.fx_hits == 2
+        warm.result.stdout.fnmatch_lines(["*of cold compiling saved*", "no test compiled anything uncached"])
+        assert warm.report is not None
+        saved = warm.report["torch"]["seconds_saved"]
+        # What the warm run saved is what the cold run spent on those artifacts.
+        assert 0 < saved <= sum(r["seconds"] for r in per_test.values()) + 0.01
 
 
-@pytest.mark.xdist_group("integration-s3-chain")
-def test_read_mode_never_uploads_and_write_mode_never_restores(s3_chain: S3Chain) -> None:
-    read = s3_chain.runs["read"]  # the first session on the bucket
-    assert read.fx_misses == 1
-    assert s3_chain.objects["read"] == []
-    assert read.report and read.report["upload"]["reason"] == "read-only mode"
-    write = s3_chain.runs["write"]  # after the cold run populated the bucket
-    assert s3_chain.objects["cold"]
-    assert write.fx_misses == 1  # nothing was restored
-    assert write.report and not write.report["restore"]["attempted"]
+    def test_corrupt_foreign_and_hostile_objects_are_refused_before_torch(self, s3_chain: S3Chain) -> None:
+        folder = fingerprint_folder(s3_chain.runs["cold"])
+        bad = s3_chain.planted
+        assert len(bad) == 6 and "refusing" in s3_chain.runs
+        warm = s3_chain.runs["refusing"]
+        # The good object still serves the session; every bad one is refused and named, in the session's one warning.
+        assert warm.result.ret == 0
+        assert warm.fx_hits == 1 and warm.fx_misses == 0
+        refused = [line for line in warm.result.outlines if "MegacacheWarning: refused" in line]
+        assert len(refused) == 1, warm.result.outlines
+        joined = refused[0]
+        assert all(f"refused {folder}/{name}" in joined for name in bad), joined
+        for reason in ("bad magic", "truncated", "SHA-256 mismatch", "not this environment", "unsafe file path",
+                       "unsafe inductor key"):
+            assert reason in joined
+        assert warm.report and warm.report["restore"]["objects_rejected"] == len(bad)
+        assert not list(Path(warm.root).parent.rglob("escaped.so")) and not list(Path(warm.root).parent.rglob("pwned"))
+
+
+    def test_read_mode_never_uploads_and_write_mode_never_restores(self, s3_chain: S3Chain) -> None:
+        read = s3_chain.runs["read"]  # the first session on the bucket
+        assert read.fx_misses == 1
+        assert s3_chain.objects["read"] == []
+        assert read.report and read.report["upload"]["reason"] == "read-only mode"
+        write = s3_chain.runs["write"]  # after the cold run populated the bucket
+        assert s3_chain.objects["cold"]
+        assert write.fx_misses == 1  # nothing was restored
+        assert write.report and not write.report["restore"]["attempted"]
 
 
 # --- one directory store: a push to main (cold, then warm), then a fork's pull request ------------------------
@@ -222,7 +221,7 @@ class DirChain:
     first_object: bytes = b""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def dir_chain(tmp_path_factory: pytest.TempPathFactory) -> DirChain:
     base = tmp_path_factory.mktemp("dir-chain")
     chain = DirChain(base / "store")
@@ -250,59 +249,59 @@ def dir_chain(tmp_path_factory: pytest.TempPathFactory) -> DirChain:
     return chain
 
 
-@pytest.mark.xdist_group("integration-dir-chain")
-def test_cold_then_warm_over_local_directory(dir_chain: DirChain) -> None:
-    cold = dir_chain.runs["main"]
-    assert cold.fx_misses == 1
-    written = dir_chain.stored["main"]
-    assert len(written) == 1 and not dir_chain.temp_files
-    header, entries = bundlemod.decode(dir_chain.first_object)
-    assert header.fingerprint in str(written[0])
-    assert {"torch/inductor", "torch/aot_autograd", "file/inductor"} <= set(entries.counts())
+class TestDirChain:
+    """Assertions on the directory chain's sessions (a class: under pytest-xdist its tests share one worker)."""
 
-    warm = dir_chain.runs["warm"]
-    assert warm.fx_hits == 1 and warm.fx_misses == 0 and warm.aot_hits == 1
-    # Where each session's seconds went: its own process only, the compile split by torch's own timings.
-    for run in (cold, warm):
+    def test_cold_then_warm_over_local_directory(self, dir_chain: DirChain) -> None:
+        cold = dir_chain.runs["main"]
+        assert cold.fx_misses == 1
+        written = dir_chain.stored["main"]
+        assert len(written) == 1 and not dir_chain.temp_files
+        header, entries = bundlemod.decode(dir_chain.first_object)
+        assert header.fingerprint in str(written[0])
+        assert {"torch/inductor", "torch/aot_autograd", "file/inductor"} <= set(entries.counts())
+
+        warm = dir_chain.runs["warm"]
+        assert warm.fx_hits == 1 and warm.fx_misses == 0 and warm.aot_hits == 1
+        # Where each session's seconds went: its own process only, the compile split by torch's own timings.
+        for run in (cold, warm):
+            assert run.report is not None
+            [main] = run.report["processes"]
+            assert main["process"] == "main"
+            assert main["startup"] is not None and 0 < main["startup"] < main["total"]
+            assert main["imports"] > 0  # torch._dynamo's import, inside the test's first torch.compile
+            assert main["dynamo"] > 0 and main["backend"] > 0
+            phases = sum(main[name] or 0 for name in PHASES)
+            assert phases <= main["total"] + 0.05, main
+            assert main["total"] <= main["startup"] + run.report["session_seconds"] + 0.05, main
+        assert cold.report and warm.report
+        assert cold.report["processes"][0]["backend"] > warm.report["processes"][0]["backend"]
+        assert warm.report["processes"][0]["load"] > 0 and cold.report["processes"][0]["load"] == 0
+
+
+    def test_a_fork_pull_request_restores_but_never_uploads(self, dir_chain: DirChain) -> None:
+        main = dir_chain.runs["main"]  # a push to main
+        assert main.report is not None and main.report["upload"]["objects"] == 1
+        pr = dir_chain.runs["pr"]
+        assert pr.report is not None
+        assert pr.report["settings"]["mode"] == "read"
+        assert pr.report["scope"] == {"write": "pr-7", "read": ["pr-7", "main"]}
+        assert pr.fx_hits == 1 and pr.fx_misses == 1  # main's cache was read
+        assert pr.report["upload"]["reason"] == "read-only mode"
+        assert len(dir_chain.stored["pr"]) == 1
+        pr.result.stdout.fnmatch_lines(["*read-only: *fork*"])
+        # An explicit mode wins over the fork default.
+        explicit = dir_chain.runs["explicit"]
+        assert explicit.report is not None and explicit.report["upload"]["objects"] == 1
+        assert sorted(p.relative_to(dir_chain.store).parts[1] for p in dir_chain.stored["explicit"]) == ["main", "pr-7"]
+
+
+    @pytest.mark.skipif(not XDIST, reason="pytest-xdist is not installed")
+    def test_n0_runs_without_a_controller(self, dir_chain: DirChain) -> None:
+        run = dir_chain.runs["main"]  # -n 0
+        run.result.assert_outcomes(passed=1)
         assert run.report is not None
-        [main] = run.report["processes"]
-        assert main["process"] == "main"
-        assert main["startup"] is not None and 0 < main["startup"] < main["total"]
-        assert main["imports"] > 0  # torch._dynamo's import, inside the test's first torch.compile
-        assert main["dynamo"] > 0 and main["backend"] > 0
-        phases = sum(main[name] or 0 for name in PHASES)
-        assert phases <= main["total"] + 0.05, main
-        assert main["total"] <= main["startup"] + run.report["session_seconds"] + 0.05, main
-    assert cold.report and warm.report
-    assert cold.report["processes"][0]["backend"] > warm.report["processes"][0]["backend"]
-    assert warm.report["processes"][0]["load"] > 0 and cold.report["processes"][0]["load"] == 0
-
-
-@pytest.mark.xdist_group("integration-dir-chain")
-def test_a_fork_pull_request_restores_but_never_uploads(dir_chain: DirChain) -> None:
-    main = dir_chain.runs["main"]  # a push to main
-    assert main.report is not None and main.report["upload"]["objects"] == 1
-    pr = dir_chain.runs["pr"]
-    assert pr.report is not None
-    assert pr.report["settings"]["mode"] == "read"
-    assert pr.report["scope"] == {"write": "pr-7", "read": ["pr-7", "main"]}
-    assert pr.fx_hits == 1 and pr.fx_misses == 1  # main's cache was read
-    assert pr.report["upload"]["reason"] == "read-only mode"
-    assert len(dir_chain.stored["pr"]) == 1
-    pr.result.stdout.fnmatch_lines(["*read-only: *fork*"])
-    # An explicit mode wins over the fork default.
-    explicit = dir_chain.runs["explicit"]
-    assert explicit.report is not None and explicit.report["upload"]["objects"] == 1
-    assert sorted(p.relative_to(dir_chain.store).parts[1] for p in dir_chain.stored["explicit"]) == ["main", "pr-7"]
-
-
-@pytest.mark.xdist_group("integration-dir-chain")
-@pytest.mark.skipif(not XDIST, reason="pytest-xdist is not installed")
-def test_n0_runs_without_a_controller(dir_chain: DirChain) -> None:
-    run = dir_chain.runs["main"]  # -n 0
-    run.result.assert_outcomes(passed=1)
-    assert run.report is not None
-    assert run.report["xdist"]["role"] == "solo" and run.report["upload"]["objects"] == 1
+        assert run.report["xdist"]["role"] == "solo" and run.report["upload"]["objects"] == 1
 
 
 # --- sessions of their own ---------------------------------------------------------------------------------
