@@ -56,6 +56,7 @@ else:
         def _split_scope(self, nodeid: str) -> str:
             return _xdist_unit(nodeid)
 
+    @pytest.hookimpl(optionalhook=True)  # -p no:xdist leaves the hook unknown
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
         if config.getvalue("dist") != "load":
             return None  # an explicit --dist stands
@@ -79,11 +80,19 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
 
 
 @pytest.fixture(autouse=True)
-def _clean_megacache_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _clean_megacache_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Hermetic: no settings, scope or fork detection leaking in from the machine (or from GitHub Actions).
     for key in list(os.environ):
         if key.startswith(HERMETIC_PREFIXES):
             monkeypatch.delenv(key)
+    had_torch = "torch._C" in sys.modules
+    yield
+    # torch runs in the tests' subprocesses only. Imported here, it would be dropped from sys.modules again by
+    # pytester's module snapshot while its C extension stays loaded, and the next import in this process would
+    # read freed memory (a SystemError or a segfault, in whichever test comes next on that worker).
+    if not had_torch and "torch._C" in sys.modules:
+        pytest.fail("this test imported torch into the pytest process: keep torch in subprocesses "
+                    "(helpers_torch.skip_without_torch skips without importing it)", pytrace=False)
 
 
 def fake_elf(payload: bytes = b"") -> bytes:

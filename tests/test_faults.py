@@ -27,7 +27,7 @@ import pytest
 
 from pytest_megacache import bundle as bundlemod
 
-from .conftest import S3_ENV, S3Server
+from .conftest import HERMETIC_PREFIXES, S3_ENV, S3Server
 from .faultproxy import FaultProxy
 from .helpers_torch import COUNTERS_CONFTEST, skip_without_torch
 
@@ -93,8 +93,8 @@ class Chain:
         work = self.root / name
         for sub in ("inductor", "triton", "tmp"):
             (work / sub).mkdir(parents=True)
-        base = {k: v for k, v in os.environ.items()
-                if not k.startswith(("MEGACACHE_", "AWS_", "TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE_", "GITHUB_"))}
+        base = {k: v for k, v in os.environ.items()  # the chain starts before the tests' own environment cleaning
+                if not k.startswith((*HERMETIC_PREFIXES, "AWS_", "TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE_"))}
         run_env = {
             **base, **S3_ENV,
             "AWS_ENDPOINT_URL_S3": self.proxy.url, "AWS_CONFIG_FILE": str(work / "none"),

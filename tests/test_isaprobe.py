@@ -22,6 +22,8 @@ import pytest
 from pytest_megacache import isaprobe
 from pytest_megacache.isaprobe import MARKER_SUFFIX, ProbeProxy
 
+from .helpers_torch import skip_without_torch
+
 # The child reads the library (so a missing one fails, as a dlopen would) and exits 0.
 OLD_FORM = '\nimport sys\nopen("__lib_path__", "rb").read()\n'  # torch <= 2.12 used check_call
 NEW_FORM = '\nimport sys\nif sys.platform != "linux":\n    pass\nopen("__lib_path__", "rb").read()\n'  # 2.13: run
@@ -395,7 +397,7 @@ DECIDE = textwrap.dedent("""
 
 @pytest.mark.torch
 def test_torch_decides_the_same_without_the_reuse_recording_and_reusing(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    skip_without_torch()
 
     def decide(mode: str, cache: str) -> dict[str, Any]:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / cache), "TMPDIR": str(tmp_path)}

@@ -18,7 +18,7 @@ from pytest_megacache import envpolicy
 from pytest_megacache.errors import redact
 from pytest_megacache.files import torch_cache_ident
 
-from .helpers_torch import TorchProject
+from .helpers_torch import TorchProject, skip_without_torch
 
 PLANTED = {
     "TORCHINDUCTOR_REDIS_URL": "redis://ci:Pl4ntedPrefixPw1@cache.example:6379/0",  # prefix form, URL password
@@ -85,7 +85,7 @@ def test_an_entry_holding_a_credential_outside_torchs_repro_lines_is_not_stored(
 
 @pytest.mark.torch
 def test_planted_secrets_reach_no_stored_byte_report_output_or_summary(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("torch")
+    skip_without_torch()
     store = pytester.path / "store"
     summary = pytester.path / "step-summary.md"
     env = {"MEGACACHE_DIR": str(store), "GITHUB_STEP_SUMMARY": str(summary), **PLANTED,

@@ -14,7 +14,7 @@ from pytest_megacache import envpolicy
 from pytest_megacache.errors import redact, redact_cut
 from pytest_megacache.settings import OPTIONS
 
-from .helpers_torch import TorchProject
+from .helpers_torch import TorchProject, skip_without_torch
 
 PASSWORD = "Sup3rS3cretPassw0rd"
 REDIS_URL = f"redis://ci:{PASSWORD}@redis.example:6379/0"
@@ -159,7 +159,7 @@ def _contains_secret(data: bytes) -> bool:
 
 @pytest.mark.torch
 def test_a_redis_password_reaches_no_output_report_summary_or_stored_object(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("torch")
+    skip_without_torch()
     store = pytester.path / "store"
     summary = pytester.path / "step-summary.md"
     # torch reads TORCHINDUCTOR_REDIS_URL only for a remote cache, which is off unless asked for (and the redis

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from .helpers_torch import Run, TorchProject
+from .helpers_torch import Run, TorchProject, skip_without_torch
 
 # 64 floats: a width mismatch (16 lanes compiled, 8 run) leaves whole vectors unwritten or wrong.
 DIFFERENTIAL_TESTS = textwrap.dedent(
@@ -51,7 +51,7 @@ def _isa(run: Run) -> str:
 
 @pytest.mark.torch
 def test_a_warm_run_under_another_cpu_capability_never_hits_code_built_for_the_first(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("torch")
+    skip_without_torch()
     store = pytester.path / "store"
     project = TorchProject(pytester, env={"MEGACACHE_DIR": str(store)}, tests=DIFFERENTIAL_TESTS)
     cold = project.run("-v", env={"ATEN_CPU_CAPABILITY": None})
