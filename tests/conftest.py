@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -61,6 +62,46 @@ else:
         if config.getvalue("dist") != "load":
             return None  # an explicit --dist stands
         return _ClassScheduling(config, log)
+
+
+CXX_STASH = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's compiler-output cache (tests/cxxcache.py) goes first on PATH as ``g++``, for every torch session
+    the tests start; xdist workers inherit it from the controller. ``TESTS_REAL_CXX=1`` runs the real compiler."""
+    if hasattr(config, "workerinput") or os.environ.get("TESTS_CXX_STORE") or os.environ.get("TESTS_REAL_CXX"):
+        return
+    real = shutil.which("g++")
+    if real is None:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="megacache-tests-cxx-"))
+    (folder / "bin").mkdir()
+    (folder / "store").mkdir()
+    shim = folder / "bin" / "g++"
+    shim.write_text(f"#!{sys.executable} -S\n" + (Path(__file__).parent / "cxxcache.py").read_text())
+    shim.chmod(0o755)
+    os.environ.update(TESTS_CXX_REAL=real, TESTS_CXX_STORE=str(folder / "store"),
+                      PATH=os.pathsep.join([str(folder / "bin"), os.environ.get("PATH", "")]))
+    config.stash[CXX_STASH] = folder
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    folder = config.stash.get(CXX_STASH, None)
+    if folder is not None and any((folder / "store").glob("[0-9a-f]*")):
+        hits, builds = ((folder / "store" / name).stat().st_size if (folder / "store" / name).exists() else 0
+                        for name in ("hits", "builds"))
+        terminalreporter.write_line(f"C++ builds of the torch sessions: {builds} compiled, {hits} served from this run's "
+                                    "compiler-output cache (tests/cxxcache.py; TESTS_REAL_CXX=1 turns it off)")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(CXX_STASH, None)
+    if folder is not None:
+        for key in ("TESTS_CXX_REAL", "TESTS_CXX_STORE"):
+            os.environ.pop(key, None)
+        os.environ["PATH"] = os.environ["PATH"].replace(str(folder / "bin") + os.pathsep, "", 1)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
