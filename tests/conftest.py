@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -81,6 +82,12 @@ def pytest_configure(config: pytest.Config) -> None:
     shim = folder / "bin" / "g++"
     shim.write_text(f"#!{sys.executable} -S\n" + (Path(__file__).parent / "cxxcache.py").read_text())
     shim.chmod(0o755)
+    try:  # a temporary folder mounted noexec, say: then the real compiler runs
+        subprocess.run([str(shim), "--version"], env={**os.environ, "TESTS_CXX_REAL": real}, capture_output=True,
+                       timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        shutil.rmtree(folder, ignore_errors=True)
+        return
     os.environ.update(TESTS_CXX_REAL=real, TESTS_CXX_STORE=str(folder / "store"),
                       PATH=os.pathsep.join([str(folder / "bin"), os.environ.get("PATH", "")]))
     config.stash[CXX_STASH] = folder

@@ -123,7 +123,7 @@ def test_queries_preprocessing_and_builds_without_one_output_reach_the_compiler(
 def test_the_suite_runs_its_torch_sessions_through_it() -> None:
     store = os.environ.get("TESTS_CXX_STORE")
     if not store:
-        pytest.skip("no g++ on this machine, or TESTS_REAL_CXX is set: the real compiler runs")
+        pytest.skip("no usable g++ on this machine, or TESTS_REAL_CXX is set: the real compiler runs")
     shim = shutil.which("g++")
     assert shim is not None and Path(shim).parent == Path(store).parent / "bin"
     assert Path(shim).read_text().splitlines()[1:] == SCRIPT.read_text().splitlines()
