@@ -95,9 +95,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     folder = config.stash.get(CXX_STASH, None)
-    if folder is not None and any((folder / "store").glob("[0-9a-f]*")):
-        hits, builds = ((folder / "store" / name).stat().st_size if (folder / "store" / name).exists() else 0
-                        for name in ("hits", "builds"))
+    builds = len(list((folder / "store").glob("[0-9a-f]*"))) if folder is not None else 0
+    if folder is not None and builds:
+        hits = (folder / "store" / "hits").stat().st_size if (folder / "store" / "hits").exists() else 0
         terminalreporter.write_line(f"C++ builds of the torch sessions: {builds} compiled, {hits} served from this run's "
                                     "compiler-output cache (tests/cxxcache.py; TESTS_REAL_CXX=1 turns it off)")
 

@@ -14,7 +14,8 @@ change during one run, which is why the store lives only as long as that run. An
 ``-o``, preprocessing, dependency files) goes straight to the real compiler, as does every failure.
 
 Environment: ``TESTS_CXX_REAL`` the real compiler, ``TESTS_CXX_STORE`` the store (a directory). Standard
-library only: it runs as ``python -S``.
+library only: it runs as ``python -S``, outside the package (so its atomic copy is its own, not
+``pytest_megacache.fsutil``'s).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tempfile
 
 PASS_THROUGH = ("-E", "-M", "-MM", "-MD", "-MMD", "-MF", "-save-temps", "--version", "-v", "-dumpversion",
                 "-dumpmachine", "-print-search-dirs")
+HITS = "hits"  # beside the builds, which are named by their keys (hexadecimal digests)
 
 
 def _digest(path: str) -> str:
@@ -41,23 +43,19 @@ def build_key(argv: list[str], real: str) -> tuple[str, str] | None:
     """The build's key and its output path, or None when the build is not one to share."""
     if any(arg in PASS_THROUGH or arg.startswith(("-M", "-fprofile")) for arg in argv) or argv.count("-o") != 1:
         return None
+    at = argv.index("-o") + 1  # the output's place
+    if at == len(argv):
+        return None
     stat = os.stat(real)
     h = hashlib.sha256(f"cxxcache 1\0{os.path.realpath(real)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    output = argv[argv.index("-o") + 1] if argv.index("-o") + 1 < len(argv) else None
-    if output is None:
-        return None
-    skip = False
-    for arg in argv:
-        if skip:
+    for i, arg in enumerate(argv):
+        if i == at:
             h.update(f"out\0{os.path.basename(arg)}\0".encode())
-            skip = False
-        elif arg == "-o":
-            skip = True
         elif os.path.isfile(arg):
             h.update(f"file\0{os.path.basename(arg)}\0{_digest(arg)}\0".encode())
         else:
             h.update(f"arg\0{arg}\0".encode())
-    return h.hexdigest(), output
+    return h.hexdigest(), argv[at]
 
 
 def _place(source: str, target: str) -> None:
@@ -78,8 +76,9 @@ def _place(source: str, target: str) -> None:
         raise
 
 
-def _count(store: str, what: str) -> None:
-    with open(os.path.join(store, what), "ab") as fh:
+def _count_hit(store: str) -> None:
+    """One byte more in the store's ``hits`` file (the builds are the store's keys)."""
+    with open(os.path.join(store, HITS), "ab") as fh:
         fh.write(b".")
 
 
@@ -92,12 +91,11 @@ def main(argv: list[str]) -> int:
     kept = os.path.join(store, key)
     if os.path.isfile(kept):
         _place(kept, output)
-        _count(store, "hits")
+        _count_hit(store)
         return 0
     rc = subprocess.call([real, *argv])
     if rc == 0 and os.path.isfile(output):
         _place(output, kept)
-        _count(store, "builds")
     return rc
 
 

@@ -56,9 +56,14 @@ class Cxx:
     def real_runs(self) -> int:
         return len(self.runs_file.read_text().splitlines()) if self.runs_file.exists() else 0
 
-    def count(self, name: str) -> int:
-        path = self.store / name
+    @property
+    def hits(self) -> int:
+        path = self.store / "hits"
         return path.stat().st_size if path.exists() else 0
+
+    @property
+    def builds(self) -> int:
+        return len([p for p in self.store.iterdir() if p.name != "hits"])
 
 
 def source(folder: Path, text: str, name: str = "k.cpp") -> Path:
@@ -77,7 +82,7 @@ def test_the_same_build_at_another_path_is_served_without_the_compiler(tmp_path:
     assert cxx.real_runs == 1  # served
     assert second.with_suffix(".so").read_bytes() == first.with_suffix(".so").read_bytes() == b"int k;|-mavx2"
     assert stat.S_IMODE(second.with_suffix(".so").stat().st_mode) == 0o755
-    assert (cxx.count("builds"), cxx.count("hits")) == (1, 1)
+    assert (cxx.builds, cxx.hits) == (1, 1)
     assert not [p for p in (tmp_path / "b" / "57").iterdir() if p.name.startswith(".cxxcache-")]
 
 
@@ -95,7 +100,7 @@ def test_any_other_input_is_another_build(tmp_path: Path, change: str) -> None:
         out = "j.so"
     other = source(tmp_path / "b", text)
     assert cxx(str(other), flag, "-o", str(tmp_path / "b" / out)).returncode == 0
-    assert cxx.real_runs == 2 and cxx.count("hits") == 0
+    assert cxx.real_runs == 2 and cxx.hits == 0 and cxx.builds == 2
     assert (tmp_path / "b" / out).read_bytes() == f"{text}|{flag}".encode()
 
 
@@ -117,7 +122,7 @@ def test_queries_preprocessing_and_builds_without_one_output_reach_the_compiler(
     full = [str(src), *args] if args != ["--version"] else args
     for _ in range(2):
         cxx(*full)
-    assert cxx.real_runs == 2 and cxx.count("hits") == 0 and cxx.count("builds") == 0
+    assert cxx.real_runs == 2 and cxx.hits == 0 and cxx.builds == 0
 
 
 def test_the_suite_runs_its_torch_sessions_through_it() -> None:
