@@ -95,7 +95,10 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
     if not ctx.signing_keys and settings.reads:
         ctx.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
     # The opt-ins that set a torch config flag (each imports torch, so only when asked for).
-    for wanted, option, switch_on in ((settings.precompile, "--megacache-precompile", TorchAdapter.enable_precompile),
+    def enable_precompile() -> str | None:
+        return TorchAdapter.enable_precompile(root)
+
+    for wanted, option, switch_on in ((settings.precompile, "--megacache-precompile", enable_precompile),
                                       (settings.eager_backward, "--megacache-eager-backward",
                                        TorchAdapter.enable_eager_backward)):
         if wanted and (why_not := switch_on()):

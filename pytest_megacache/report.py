@@ -359,12 +359,26 @@ def _layer_line(t: TorchStats) -> str:
         f"AOTAutograd {c.get('autograd_cache_hit', 0)} hit / {c.get('autograd_cache_miss', 0)} miss"
         f" / {c.get('autograd_cache_bypass', 0)} bypass",
     ]
-    if c.get("dynamo_cache_hit", 0) or c.get("dynamo_cache_miss", 0):
-        parts.append(f"Dynamo precompile {c.get('dynamo_cache_hit', 0)} hit / {c.get('dynamo_cache_miss', 0)} miss")
+    if line := dynamo_reuse_text(c):
+        parts.append(line)
     for layer, used in sorted(t.layers.items()):
         if layer not in ("inductor", "aot_autograd"):
             parts.append(f"{layer} {used['used']} of {used['restored']} restored used")
     return "torch: " + ", ".join(parts)
+
+
+def dynamo_reuse_text(c: Mapping[str, int]) -> str:
+    """``Dynamo reuse 5 installed / 2 traced / 1 refused (code changed 1), 2 stored``: compiled functions whose
+    stored entry was installed, frames Dynamo traced, entries refused (per reason), frames stored; empty without
+    --megacache-precompile."""
+    refused = {name.removeprefix("dynamo_refused_").replace("_", " "): n for name, n in c.items()
+               if name.startswith("dynamo_refused_") and n}
+    reused, traced = c.get("dynamo_reused", 0), c.get("dynamo_traced", 0)
+    if not (reused or traced or refused):
+        return ""
+    why = f" ({', '.join(f'{k} {v}' for k, v in sorted(refused.items()))})" if refused else ""
+    return (f"Dynamo reuse {reused} installed / {traced} traced / {sum(refused.values())} refused{why}, "
+            f"{c.get('dynamo_stored', 0)} stored")
 
 
 def _pairs(counts: Mapping[str, int]) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from . import torchfmt
+from . import dynamo_reuse, torchfmt
 from .errors import BundleError, redact_cut
 
 COUNTER_NAMES = {
@@ -30,6 +30,8 @@ COUNTER_NAMES = {
     "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass", "autograd_cache_guard_miss",
                      "autograd_cache_saved"),
     "dynamo_cache": ("dynamo_cache_hit", "dynamo_cache_miss"),
+    # --megacache-precompile: Dynamo's work reused, traced, stored and refused per frame (dynamo_reuse)
+    "dynamo_reuse": dynamo_reuse.COUNTERS,
 }
 # Counters that mean "this test compiled something the cache did not have", and their hit twins.
 MISS_COUNTERS = ("fxgraph_cache_miss", "autograd_cache_miss")
@@ -322,9 +324,10 @@ class TorchAdapter:
         return None
 
     @staticmethod
-    def enable_precompile() -> str | None:
-        """Turn on torch's experimental caching precompile; None when done, else why not."""
-        return TorchAdapter._switch_on("torch._dynamo.config", "caching_precompile")
+    def enable_precompile(rootdir: str) -> str | None:
+        """Turn on Dynamo reuse (torch's caching precompile behind :mod:`dynamo_reuse`'s checks); None when done,
+        else why not."""
+        return dynamo_reuse.install(rootdir)
 
     @staticmethod
     def enable_eager_backward() -> str | None:

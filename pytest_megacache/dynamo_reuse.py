@@ -1,0 +1,543 @@
+"""Dynamo's traced work reused only for code proven identical to what was traced (``--megacache-precompile``).
+
+torch's caching precompile stores, per ``torch.compile``-wrapped function, Dynamo's output: the transformed
+bytecode, its guards and the compiled graphs. As torch ships it, it is not safe for a test suite:
+
+- it keys an entry by the function's ``__qualname__`` and first line only, and maps the wrapped function's current
+  code onto the stored entry without comparing them: an edited body, or another module's function of the same name
+  and line, runs the stored bytecode;
+- it drops guards it cannot serialize (ID_MATCH, CLOSURE_MATCH, MODULE_MATCH, BUILTIN_MATCH, ...) from the guards
+  the *running* process evaluates, so even a cold run stops noticing a rebound global function;
+- a frame whose guards cannot be serialized fails the test (an assertion after the bypass), one unpicklable entry
+  fails the whole save, and a failed load can leave the package half installed.
+
+:func:`install` wraps torch's pieces so that:
+
+1. **Keys are the code.** An entry's id is a digest of the function's module, path relative to the rootdir,
+   qualname, first line and its code object compared recursively (bytecode, constants including nested code,
+   names, variable names, flags); on load the stored main code is compared with the current one again. Anything
+   else is a miss.
+2. **Guards stay whole.** The running process keeps every guard torch would build without the option. A guard on
+   the identity of a global (a module, a function, a builtin, a class, reached by a path of attributes and keys from
+   the module's globals) is stored with a *proof*: what that object was (module name; module, qualname and code
+   digest of a function; ...). On load each proof is checked against the object the path names now, and the guard is
+   rebuilt on that object, so a later rebinding still recompiles. A guard that cannot be proven (an object's
+   identity on a local, a dict version, a weak reference, anything of another kind) leaves that frame out of the
+   store; it compiles as usual.
+3. **Per frame, fail open.** Whatever fails while storing or loading one frame (an unpicklable object, a class in
+   local scope, a missing or run-time generated module, a source change, torch's own errors) costs that frame only:
+   it is traced exactly as without the option, and counted.
+
+The counters (``counters["dynamo_reuse"]`` in torch's own counter table, so xdist workers and the report carry them
+like torch's) say what was reused, traced, stored and refused, and why.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import itertools
+import json
+import os
+import re
+import sys
+import types
+from typing import Any
+
+# Minor releases whose caching-precompile internals these wrappers were written against and checked on.
+CHECKED_RELEASES = ("2.13",)
+# Identity guards kept and proven (torch 2.13 refuses to serialize them, or drops them from the live guards).
+PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "CLASS_MATCH",
+                             "BUILTIN_MATCH"})
+# Guards on run-time state that no stored proof can stand for: a frame holding one is never stored.
+UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
+COUNTER_GROUP = "dynamo_reuse"
+REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "missing_module",
+            "torch_error")
+COUNTERS = ("dynamo_reused", "dynamo_traced", "dynamo_stored", *(f"dynamo_refused_{r}" for r in REFUSALS))
+_MAGIC = b"megacache-guards-1\n"
+_ID_PREFIX = b"pytest-megacache dynamo entry 1\0"
+# A guard's source as Dynamo names it, when it is a path from the module's globals: G['name'] then .attr / ['key'].
+_PATH_HEAD = re.compile(r"G\[(?P<q>['\"])(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P=q)\]")
+_PATH_STEP = re.compile(r"\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\[(?P<q>['\"])(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?P=q)\]")
+
+
+class Refused(Exception):
+    """A frame's entry is not used (or not stored); ``reason`` is one of :data:`REFUSALS`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def release_checked(version: str) -> bool:
+    """Whether ``torch.__version__`` is a release these wrappers were checked on."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return bool(match) and f"{match.group(1)}.{match.group(2)}" in CHECKED_RELEASES  # type: ignore[union-attr]
+
+
+# --- what a code object is, compared recursively ----------------------------------------------------------------
+def _feed_const(h: Any, value: object) -> None:
+    if isinstance(value, types.CodeType):
+        h.update(b"code{")
+        _feed_code(h, value)
+        h.update(b"}")
+    elif isinstance(value, (tuple, list)):
+        h.update(f"{type(value).__name__}{len(value)}(".encode())
+        for item in value:
+            _feed_const(h, item)
+        h.update(b")")
+    elif isinstance(value, frozenset):  # a string set's order follows the hash seed
+        h.update(f"frozenset{len(value)}(".encode())
+        for text in sorted(_const_text(item) for item in value):
+            h.update(text.encode("utf-8", "surrogatepass") + b"\0")
+        h.update(b")")
+    else:
+        h.update(_const_text(value).encode("utf-8", "surrogatepass") + b"\0")
+
+
+def _const_text(value: object) -> str:
+    if isinstance(value, types.CodeType):
+        h = hashlib.sha256()
+        _feed_code(h, value)
+        return "code:" + h.hexdigest()
+    if isinstance(value, (tuple, list, frozenset)):
+        h = hashlib.sha256()
+        _feed_const(h, value)
+        return f"{type(value).__name__}:" + h.hexdigest()
+    return f"{type(value).__qualname__}:{value!r}"
+
+
+def _feed_code(h: Any, code: types.CodeType) -> None:
+    for attr in ("co_name", "co_qualname", "co_firstlineno", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount",
+                 "co_flags", "co_names", "co_varnames", "co_freevars", "co_cellvars"):
+        h.update(f"{attr}={getattr(code, attr, None)!r}\0".encode("utf-8", "surrogatepass"))
+    h.update(code.co_code)
+    h.update(b"\0exc\0" + bytes(getattr(code, "co_exceptiontable", b"")))
+    h.update(f"\0consts{len(code.co_consts)}\0".encode())
+    for const in code.co_consts:
+        _feed_const(h, const)
+
+
+def code_digest(code: types.CodeType) -> str:
+    """A digest of everything in a code object that decides what it does (not its file's absolute path, nor the
+    line numbers of its body, which torch checks through its inlined sources' checksums)."""
+    h = hashlib.sha256()
+    _feed_code(h, code)
+    return h.hexdigest()
+
+
+def _function_of(fn: Any) -> Any:
+    """The plain function behind a wrapper, a bound method or an ``nn.Module``'s forward."""
+    seen = 0
+    while seen < 32:
+        seen += 1
+        inner = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
+        if inner is None or inner is fn:
+            break
+        fn = inner
+    return getattr(fn, "__func__", fn)
+
+
+def _relative_file(filename: str, rootdir: str) -> str:
+    try:
+        path = os.path.realpath(filename)
+        root = os.path.realpath(rootdir)
+        if rootdir and os.path.commonpath([path, root]) == root:
+            return os.path.relpath(path, root)
+    except ValueError:
+        pass
+    return ""  # outside the project: the module name stands for it (an absolute path differs between machines)
+
+
+def source_id(fn: Any, rootdir: str) -> str:
+    """The entry id of a compiled function: module, path relative to the rootdir, qualname, first line, code."""
+    func = _function_of(fn)
+    code = func.__code__
+    h = hashlib.sha256(_ID_PREFIX)
+    for part in (getattr(func, "__module__", "") or "", _relative_file(code.co_filename, rootdir),
+                 getattr(func, "__qualname__", code.co_name), str(code.co_firstlineno), code_digest(code)):
+        h.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
+# --- proofs for identity guards on globals ----------------------------------------------------------------------
+def parse_path(name: str) -> list[tuple[str, str]] | None:
+    """``G['torch'].nn['x']`` -> [("global", "torch"), ("attr", "nn"), ("key", "x")]; None for any other source."""
+    head = _PATH_HEAD.match(name)
+    if head is None:
+        return None
+    steps = [("global", head.group("name"))]
+    pos = head.end()
+    while pos < len(name):
+        step = _PATH_STEP.match(name, pos)
+        if step is None:
+            return None
+        steps.append(("attr", step.group("attr")) if step.group("attr") else ("key", step.group("key")))
+        pos = step.end()
+    return steps
+
+
+def resolve(steps: list[tuple[str, str]], scope: dict[str, Any]) -> Any:
+    """The object a parsed path names in a module's globals (no code runs but attribute and item lookups)."""
+    kind, name = steps[0]
+    obj = scope[name]
+    for kind, name in steps[1:]:
+        obj = getattr(obj, name) if kind == "attr" else obj[name]
+    return obj
+
+
+def describe(obj: Any) -> list[str] | None:
+    """What an object is, as far as the same description in another process means the same object; None when
+    nothing stable describes it (then its identity guard cannot be proven)."""
+    if obj is None or obj is True or obj is False or obj is Ellipsis or obj is NotImplemented:
+        return ["const", repr(obj)]
+    if isinstance(obj, types.ModuleType):
+        return ["module", obj.__name__]
+    if isinstance(obj, types.CodeType):
+        return ["code", code_digest(obj)]
+    if isinstance(obj, types.FunctionType):
+        if "<locals>" in obj.__qualname__ or obj.__closure__:
+            return None
+        return ["function", str(obj.__module__), obj.__qualname__, code_digest(obj.__code__)]
+    if isinstance(obj, type):
+        if "<locals>" in obj.__qualname__:
+            return None
+        return ["class", str(obj.__module__), obj.__qualname__]
+    if isinstance(obj, enum.Enum):
+        return ["enum", str(type(obj).__module__), type(obj).__qualname__, obj.name]
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodDescriptorType,
+                        types.WrapperDescriptorType, types.ClassMethodDescriptorType)):
+        module = getattr(obj, "__module__", None)
+        qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+        owner = getattr(obj, "__self__", None)
+        if isinstance(owner, types.ModuleType):
+            module = module or owner.__name__
+        elif owner is not None and not isinstance(owner, type):
+            return None  # a method bound to an instance: that instance has no stable name
+        if not module or not qualname:
+            return None
+        return ["builtin", str(type(obj).__qualname__), str(module), str(qualname)]
+    return None
+
+
+def prove(name: str, obj: Any, scope: dict[str, Any]) -> dict[str, Any]:
+    """The proof stored for an identity guard on ``name`` (whose object is ``obj``); raises :class:`Refused`."""
+    steps = parse_path(name)
+    if steps is None:
+        raise Refused("unsupported_guard", f"an identity guard on {name}, which is not a path from the globals")
+    try:
+        same = resolve(steps, scope) is obj
+    except Exception:  # noqa: BLE001 - a path that does not resolve the same way cannot be proven
+        same = False
+    if not same:
+        raise Refused("unsupported_guard", f"an identity guard on {name} that its path does not reach")
+    what = describe(obj)
+    if what is None:
+        raise Refused("unsupported_guard", f"an identity guard on {name}, a {type(obj).__qualname__}")
+    return {"path": steps, "is": what}
+
+
+def check_proofs(proofs: list[dict[str, Any]], scope: dict[str, Any]) -> None:
+    """Raises :class:`Refused` unless every proof's path names an object described as stored."""
+    for proof in proofs:
+        steps = [(str(kind), str(name)) for kind, name in proof["path"]]
+        try:
+            obj = resolve(steps, scope)
+        except Exception as exc:  # noqa: BLE001
+            raise Refused("global_changed", f"{_path_text(steps)} is gone ({type(exc).__name__})") from None
+        if describe(obj) != proof["is"]:
+            raise Refused("global_changed", f"{_path_text(steps)} is another object than the one traced")
+
+
+def _path_text(steps: list[tuple[str, str]]) -> str:
+    text = f"G[{steps[0][1]!r}]"
+    for kind, name in steps[1:]:
+        text += f".{name}" if kind == "attr" else f"[{name!r}]"
+    return text
+
+
+def pack_guards(proofs: list[dict[str, Any]], guards_state: bytes) -> bytes:
+    header = json.dumps(proofs, separators=(",", ":")).encode()
+    return _MAGIC + len(header).to_bytes(8, "big") + header + guards_state
+
+
+def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    """The proofs and torch's guard state; raises :class:`Refused` for guards stored without proofs."""
+    if not isinstance(data, (bytes, bytearray)) or not bytes(data[:len(_MAGIC)]) == _MAGIC:
+        raise Refused("unsupported_guard", "guards stored without the plugin's proofs")
+    start = len(_MAGIC) + 8
+    size = int.from_bytes(data[len(_MAGIC):start], "big")
+    proofs = json.loads(bytes(data[start:start + size]))
+    if not isinstance(proofs, list) or not all(isinstance(p, dict) and "path" in p and "is" in p for p in proofs):
+        raise Refused("unsupported_guard", "malformed proofs")
+    return proofs, bytes(data[start + size:])
+
+
+# --- the wrappers over torch's pieces ---------------------------------------------------------------------------
+class _Reuse:
+    """The state of the wrappers in this process (one per process: torch's state is process-wide)."""
+
+    def __init__(self, rootdir: str) -> None:
+        self.rootdir = rootdir
+        self.pending: dict[int, list[dict[str, Any]]] = {}
+        self.reasons: dict[str, str] = {}
+
+    def count(self, name: str, n: int = 1) -> None:
+        try:
+            from torch._dynamo.utils import counters
+
+            counters[COUNTER_GROUP][name] += n
+        except Exception:  # noqa: BLE001 - counting never fails a compile
+            pass
+
+    def refuse(self, reason: str, detail: str) -> None:
+        self.count(f"dynamo_refused_{reason}")
+        self.reasons.setdefault(reason, detail)
+
+
+_STATE: _Reuse | None = None
+
+
+def _reason_of(exc: BaseException) -> str:
+    if isinstance(exc, Refused):
+        return exc.reason
+    if isinstance(exc, ImportError):
+        return "missing_module"
+    if isinstance(exc, (RuntimeError,)) and "Source code changes detected" in str(exc):
+        return "code_changed"
+    if isinstance(exc, (pickle_errors())):
+        return "unpicklable"
+    return "torch_error"
+
+
+def pickle_errors() -> tuple[type[BaseException], ...]:
+    import pickle
+
+    return (pickle.PickleError, AttributeError, EOFError)
+
+
+def install(rootdir: str) -> str | None:
+    """Turn on torch's caching precompile behind the wrappers above; None when done, else why not (then torch's
+    configuration is left as it was)."""
+    global _STATE
+    try:
+        import torch
+
+        version = str(torch.__version__)
+        if not release_checked(version):
+            return (f"Dynamo reuse is checked on torch {', '.join(CHECKED_RELEASES)} only, and this torch is "
+                    f"{version.split('+')[0]}")
+        import torch._dynamo.bytecode_transformation as bytecode_transformation
+        import torch._dynamo.config as dynamo_config
+        import torch._dynamo.guards as guards
+        import torch._dynamo.package as package
+        import torch._dynamo.precompile_context as precompile_context
+    except Exception as exc:  # noqa: BLE001
+        return f"torch's caching precompile did not import: {type(exc).__name__}: {exc}"
+    if _STATE is not None:
+        dynamo_config.caching_precompile = True
+        return None
+    missing = [name for owner, name in (
+        (package, "CompilePackage"), (package, "DynamoCache"), (package, "load_guards_state"),
+        (package, "load_guard_manager"), (guards, "CheckFunctionManager"), (bytecode_transformation,
+                                                                             "_unique_id_counter"),
+        (precompile_context, "PrecompileContext")) if not hasattr(owner, name)]
+    if missing or not hasattr(guards.CheckFunctionManager, "serialize_guards"):
+        return f"this torch's caching precompile has another form (no {', '.join(missing) or 'serialize_guards'})"
+    state = _Reuse(rootdir)
+    _wrap(state, torch, package, guards, bytecode_transformation)
+    dynamo_config.caching_precompile = True
+    _STATE = state
+    return None
+
+
+def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transformation: Any) -> None:
+    CompilePackage = package.CompilePackage
+    CheckFunctionManager = guards.CheckFunctionManager
+    cache = package.DynamoCache
+    config = torch._dynamo.config
+
+    # 1. Keys are the code.
+    CompilePackage.source_id_from_fn = staticmethod(lambda fn: source_id(fn, state.rootdir))
+
+    # 2. Guards stay whole: the live guard manager is built as without caching precompile (torch drops identity
+    # guards from it when the flag is on); what is stored carries proofs for the identity guards.
+    init = CheckFunctionManager.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        with config.patch(caching_precompile=False):
+            init(self, *args, **kwargs)
+        saving = kwargs.get("save_guards", args[4] if len(args) > 4 else False)
+        if saving:
+            state.count("dynamo_traced")
+            if self.guards_state is None:
+                # torch bypassed the frame's package entry (its guards are not storable) but still asserts a state:
+                # the entry is marked bypassed, so torch stores nothing of this placeholder.
+                self.guards_state = b""
+
+    CheckFunctionManager.__init__ = __init__
+    CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = UNPROVABLE_GUARDS
+    serialize = CheckFunctionManager.serialize_guards
+
+    @functools.wraps(serialize)
+    def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
+        proofs = []
+        try:
+            scope = builder.scope["G"]
+            for guard in sorted_guards:
+                kinds = {guard.create_fn_name(), *(tuple(guard.guard_types) if guard.guard_types else ())}
+                if kinds & PROVABLE_GUARDS:
+                    proofs.append(prove(guard.name, builder.get(guard), scope))
+        except Refused as exc:
+            state.refuse(exc.reason, str(exc))
+            raise torch._dynamo.exc.PackageError(str(exc)) from None
+        try:
+            data = serialize(self, builder, sorted_guards, output_graph)
+        except torch._dynamo.exc.PackageError as exc:
+            state.refuse(_reason_of(exc.__cause__) if exc.__cause__ else "unsupported_guard", str(exc)[:200])
+            raise
+        state.count("dynamo_stored")
+        return pack_guards(proofs, data)
+
+    CheckFunctionManager.serialize_guards = serialize_guards
+
+    load_guards_state = package.load_guards_state
+
+    def load_guards_state_proven(data: bytes) -> Any:
+        proofs, inner = unpack_guards(data)
+        loaded = load_guards_state(inner)
+        state.pending[id(loaded)] = proofs
+        return loaded
+
+    package.load_guards_state = load_guards_state_proven
+    load_guard_manager = package.load_guard_manager
+
+    def load_guard_manager_proven(guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
+        proofs = state.pending.pop(id(guards_state), None)
+        if proofs is None:
+            raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
+        check_proofs(proofs, runtime_global_scope)
+        return load_guard_manager(guards_state, target_code, runtime_global_scope)
+
+    package.load_guard_manager = load_guard_manager_proven
+
+    # 3. Per frame, fail open. Loading: the stored main code must be the current code.
+    load = cache.load
+
+    def checked_load(fn: Any) -> Any:
+        try:
+            result = load(fn)
+        except Exception as exc:  # noqa: BLE001
+            state.refuse(_reason_of(exc), f"{type(exc).__name__}: {exc}"[:200])
+            return None
+        if result is None:
+            return None
+        try:
+            func = _function_of(fn)
+            main = result.dynamo.codes[0]
+            if main.python_module != getattr(func, "__module__", None):
+                raise Refused("collision", f"an entry of {main.python_module} for {func.__module__}")
+            stored = package.SerializedCode.to_code_object(main.python_code)
+            if code_digest(stored) != code_digest(func.__code__):
+                raise Refused("code_changed", f"{func.__qualname__} changed since it was traced")
+        except Exception as exc:  # noqa: BLE001
+            state.refuse(_reason_of(exc), str(exc)[:200])
+            return None
+        return result
+
+    cache.load = checked_load
+
+    initialize = CompilePackage.initialize
+
+    @functools.wraps(initialize)
+    def initialize_or_fresh(self: Any, fn: Any, dynamo: Any = None, ignore_inlined_sources: bool = False) -> None:
+        if dynamo is None:
+            initialize(self, fn, None, ignore_inlined_sources)
+            return None
+        try:
+            initialize(self, fn, dynamo, ignore_inlined_sources)
+            return None
+        except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
+            state.refuse(_reason_of(exc), f"{type(exc).__name__}: {exc}"[:200])
+            _reset(self)
+            initialize(self, fn, None, ignore_inlined_sources)
+            self._megacache_fresh = True  # torch installs the loaded backends next: nothing is to be installed
+            return None
+
+    CompilePackage.initialize = initialize_or_fresh
+
+    install_package = CompilePackage.install
+
+    @functools.wraps(install_package)
+    def install_or_fresh(self: Any, backends: Any) -> None:
+        if self.__dict__.pop("_megacache_fresh", False):
+            return
+        modules = [sys.modules.get(entry.python_module) for entry in list(self._codes.values())]
+        try:
+            install_package(self, backends)
+        except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
+            state.refuse(_reason_of(exc), f"{type(exc).__name__}: {exc}"[:200])
+            fn = self._innermost_fn
+            try:
+                self.uninstall()
+            finally:
+                _reset(self)
+                initialize(self, fn, None, False)
+                _advance_unique_ids(bytecode_transformation, modules)
+            return
+        state.count("dynamo_reused")
+        _advance_unique_ids(bytecode_transformation, modules)
+
+    CompilePackage.install = install_or_fresh
+
+    # Saving: one entry that does not pickle costs that entry only.
+    write = cache.write
+
+    def write_each(entry: Any, path: str) -> None:
+        try:
+            write(entry, path)
+        except Exception as exc:  # noqa: BLE001
+            state.refuse("unpicklable", f"{type(exc).__name__}: {exc}"[:200])
+
+    cache.write = write_each
+
+
+def _reset(pkg: Any) -> None:
+    """A CompilePackage back to the state of a fresh one (torch's fallback re-initializes it in place)."""
+    pkg._initialized = False
+    pkg._codes = {}
+    pkg._current_entry = None
+    pkg._installed_globals = {}
+    pkg._resume_codes = set()
+    pkg.__dict__.pop("source_id", None)
+
+
+_NUMBERED = re.compile(r"^__[A-Za-z_]*?_(\d+)(?:_[0-9a-fA-F_]+)?$")
+
+
+def _advance_unique_ids(bytecode_transformation: Any, modules: list[Any]) -> None:
+    """An installed entry puts globals into its modules (the builtins dict, compiled and resume functions, import
+    aliases) named with numbers from torch's per-process counter in the process that traced them, and a failed
+    install can leave some there: a frame traced now must not pick the same names (torch asserts, or runs the
+    wrong one). So the counter moves past every such number in those modules."""
+    highest = -1
+    for module in {id(m): m for m in modules if m is not None}.values():
+        for name in list(vars(module)):
+            if name.startswith("__") and (match := _NUMBERED.match(name)):
+                highest = max(highest, int(match.group(1)))
+    if highest < 0:
+        return
+    current = next(bytecode_transformation._unique_id_counter)
+    bytecode_transformation._unique_id_counter = itertools.count(max(current, highest + 1))
+
+
+def refusal_reasons() -> dict[str, str]:
+    """The first detail seen per refusal reason in this process."""
+    return dict(_STATE.reasons) if _STATE is not None else {}
+
+
+def active() -> bool:
+    return _STATE is not None and "torch" in sys.modules

@@ -1,0 +1,315 @@
+"""Dynamo reuse (``--megacache-precompile``), for real: a project whose code changes between a cold and a warm
+session in every way that decides what Dynamo traced, on fresh cache directories each. Every test compares the
+compiled function with eager on the code as it is at that moment, so a stale hit fails it; the warm session must
+also really reuse what did not change (the positive case), or the safety tests could pass by reusing nothing.
+
+The two sessions run once, in one chain (a class-scoped fixture), and the tests of the class read what they need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from .helpers_torch import Run, TorchProject, skip_without_torch
+
+skip_without_torch()
+pytestmark = pytest.mark.torch
+
+# Two modules, each with `def f` on the same first line (torch keys its own entries by qualname and line only).
+CALC_A = """
+import torch
+
+
+def f(x):
+    return torch.sin(x) * 2 + 1
+"""
+CALC_B = """
+import torch
+
+
+def f(x):
+    return torch.cos(x) * 3 - 1
+"""
+
+# The module the tests compile from, as a template: @NAME@ markers differ between the cold and the warm session.
+EDITS = """
+import torch
+
+SCALE = @SCALE@
+
+
+def unchanged(x):
+    return torch.sin(x) + torch.cos(x)
+
+
+def body_edited(x):
+    return torch.sin(x) * @BODY@
+
+
+def helper(x):
+    return x + @HELPER@
+
+
+def calls_helper(x):
+    return helper(x) * 2
+
+
+def uses_global(x):
+    return x * SCALE
+
+
+def make_closure(k):
+    def inner(x):
+        return x + k
+
+    return inner
+
+
+def with_default(x, k=@DEFAULT@):
+    return x * k
+
+
+def rebound_target(x):
+    return x + 1
+
+
+def other_target(x):
+    return x - 1
+
+
+def calls_rebound(x):
+    return rebound_target(x) * 2
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.training:
+            return torch.relu(y) * @METHOD@
+        return torch.tanh(y)
+
+
+@torch.compile
+def decorated_at_import(x):
+    return torch.sin(x) * 3 + 1
+"""
+
+# A module that generates another one from a template at run time; its compiled function calls into it.
+GENERATOR = """
+import importlib
+import sys
+
+import torch
+
+generated = None
+
+
+def setup(folder, factor):
+    global generated
+    (folder / "gen_kernels.py").write_text(f"def kernel(x):\\n    return x * {factor}\\n")
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    generated = importlib.import_module("gen_kernels")
+
+
+@torch.compile
+def compiled_call(x):
+    return generated.kernel(x) + 1
+"""
+
+TESTS = """
+import os
+
+import torch
+
+import calc_a
+import calc_b
+import edits
+import generator
+
+VARIANT = int(os.environ["REUSE_VARIANT"])
+X = torch.linspace(-2.0, 2.0, 8)
+
+
+def same(compiled, eager, *args):
+    torch.testing.assert_close(compiled(*args), eager(*args))
+
+
+def test_unchanged():
+    same(torch.compile(edits.unchanged), edits.unchanged, X)
+
+
+def test_decorated_at_import():
+    torch.testing.assert_close(edits.decorated_at_import(X), torch.sin(X) * 3 + 1)
+
+
+def test_same_name_same_line_in_two_modules():
+    same(torch.compile(calc_a.f), calc_a.f, X)
+    same(torch.compile(calc_b.f), calc_b.f, X)
+
+
+def test_body_edited():
+    same(torch.compile(edits.body_edited), edits.body_edited, X)
+
+
+def test_inlined_helper_edited():
+    same(torch.compile(edits.calls_helper), edits.calls_helper, X)
+
+
+def test_module_global_edited():
+    same(torch.compile(edits.uses_global), edits.uses_global, X)
+
+
+def test_closure_variable_changed():
+    inner = edits.make_closure(float(VARIANT) * 10)
+    same(torch.compile(inner), inner, X)
+
+
+def test_default_argument_changed():
+    same(torch.compile(edits.with_default), edits.with_default, X)
+
+
+def test_module_method_edited_and_mode():
+    torch.manual_seed(0)
+    net = edits.Net()
+    net.train(VARIANT == 1)  # trained mode cold, eval mode warm
+    same(torch.compile(net), net, X.reshape(2, 4))
+
+
+def test_global_function_rebound(monkeypatch):
+    first = torch.compile(edits.calls_rebound)
+    same(first, edits.calls_rebound, X)
+    monkeypatch.setattr(edits, "rebound_target", edits.other_target)
+    same(torch.compile(edits.calls_rebound), edits.calls_rebound, X)
+    same(first, edits.calls_rebound, X)  # the first wrapper too: its guards see the rebinding
+
+
+def test_generated_module(tmp_path):
+    generator.setup(tmp_path, 2 + VARIANT)
+    same(generator.compiled_call, lambda x: generator.generated.kernel(x) + 1, X)
+
+
+def test_training_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    reference.load_state_dict(model.state_dict())
+    optims = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in (model, reference)]
+
+    def step(m, opt, x):
+        opt.zero_grad()
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = torch.compile(step)
+    x = X.reshape(2, 4)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(model, optims[0], x), step(reference, optims[1], x))
+"""
+
+VARIANTS = {
+    1: {"SCALE": "2.0", "BODY": "2", "HELPER": "1", "DEFAULT": "3", "METHOD": "2"},
+    2: {"SCALE": "5.0", "BODY": "7", "HELPER": "4", "DEFAULT": "6", "METHOD": "9"},
+}
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        template = template.replace(f"@{name}@", value)
+    assert "@" not in template.replace("@torch.compile", ""), template
+    return template
+
+
+@dataclass
+class ReuseChain:
+    project: TorchProject
+    runs: dict[str, Run] = field(default_factory=dict)
+
+    def write(self, variant: int) -> None:
+        self.project.write("calc_a.py", CALC_A)
+        self.project.write("calc_b.py", CALC_B)
+        self.project.write("edits.py", _fill(EDITS, VARIANTS[variant]))
+        self.project.write("generator.py", GENERATOR)
+
+    def run(self, name: str, variant: int) -> Run:
+        self.write(variant)
+        self.runs[name] = run = self.project.run("--megacache-precompile", env={"REUSE_VARIANT": str(variant)})
+        return run
+
+
+@pytest.fixture(scope="class")
+def reuse_chain(tmp_path_factory: pytest.TempPathFactory) -> ReuseChain:
+    path: Path = tmp_path_factory.mktemp("dynamo-reuse")
+    project = TorchProject(path=path, env={"MEGACACHE_DIR": str(path / "store")}, tests=TESTS)
+    chain = ReuseChain(project)
+    chain.run("cold", 1)
+    chain.run("warm", 2)
+    return chain
+
+
+def _counters(run: Run) -> dict[str, int]:
+    assert run.report is not None, run.result.outlines[-30:]
+    return {k: int(v) for k, v in run.report["torch"]["counters"].items()}
+
+
+def _compiles(run: Run, test: str) -> int:
+    assert run.report is not None
+    records = [t for nodeid, t in run.report["torch"]["per_test"].items() if nodeid.endswith(f"::{test}")]
+    return sum(int(record["compiles"]) for record in records)  # a test that compiled nothing has no record
+
+
+class TestDynamoReuse:
+    """Assertions on the chain's cold and warm sessions (a class: under pytest-xdist its tests share a worker)."""
+
+    def test_every_test_passes_cold_and_warm_against_eager(self, reuse_chain: ReuseChain) -> None:
+        for name in ("cold", "warm"):
+            run = reuse_chain.runs[name]
+            outcomes = run.result.parseoutcomes()
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (12, 0), (name, run.result.outlines[-80:])
+            assert run.megacache_warnings() == [], (name, run.megacache_warnings())
+
+    def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
+        cold = reuse_chain.runs["cold"]
+        c = _counters(cold)
+        assert c["dynamo_stored"] >= 10 and c["dynamo_reused"] == 0, c
+        assert cold.report is not None and cold.report["upload"]["new_entries"].get("torch/precompile", 0) >= 10
+
+    def test_unchanged_code_is_reused_warm_without_tracing(self, reuse_chain: ReuseChain) -> None:
+        """The positive case: what did not change is installed from the store, and Dynamo does not trace it."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        assert _counters(warm)["dynamo_reused"] >= 5, _counters(warm)
+        for test in ("test_unchanged", "test_same_name_same_line_in_two_modules", "test_decorated_at_import"):
+            assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
+
+    def test_changed_code_is_traced_again(self, reuse_chain: ReuseChain) -> None:
+        """An edited body or method is another entry (a miss); an edited inlined helper or default argument is
+        refused (torch's source checksums); a changed global or closure value fails a guard of the installed entry:
+        each is traced as usual."""
+        warm = reuse_chain.runs["warm"]
+        c = _counters(warm)
+        assert c["dynamo_refused_code_changed"] >= 2, c
+        for test in ("test_body_edited", "test_inlined_helper_edited", "test_module_method_edited_and_mode",
+                     "test_module_global_edited", "test_default_argument_changed", "test_closure_variable_changed"):
+            assert _compiles(warm, test) > 0, test
+
+    def test_a_rebound_global_is_refused(self, reuse_chain: ReuseChain) -> None:
+        c = _counters(reuse_chain.runs["warm"])
+        assert c["dynamo_refused_global_changed"] >= 1, c
+
+    def test_a_module_generated_at_run_time_is_refused_until_it_exists(self, reuse_chain: ReuseChain) -> None:
+        c = _counters(reuse_chain.runs["warm"])
+        assert c["dynamo_refused_missing_module"] >= 1, c
+
+    def test_the_report_says_what_was_reused_and_refused(self, reuse_chain: ReuseChain) -> None:
+        warm = reuse_chain.runs["warm"]
+        [line] = [line for line in warm.result.outlines if "Dynamo reuse" in line]
+        assert "installed" in line and "code changed" in line and "global changed" in line, line
