@@ -1,6 +1,6 @@
-"""The plugin with and without ``--megacache-precompile`` (torch's experimental Dynamo caching precompile), side by
-side in one run: on CPU, or with ``--device cuda`` on the example project's GPU tests. Every figure is measured
-here; nothing is a constant.
+"""The plugin with and without ``--megacache-precompile`` (Dynamo reuse: torch's caching precompile behind the
+plugin's checks), side by side in one run: on CPU, or with ``--device cuda`` on the example project's GPU tests.
+Every figure is measured here; nothing is a constant.
 
 Modes, each a fresh ``pytest`` process on fresh TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR / TMPDIR (a fresh
 machine), interleaved repeat by repeat so that a slow spell of the machine hits every mode alike:
@@ -8,6 +8,10 @@ machine), interleaved repeat by repeat so that a slow spell of the machine hits 
 - plain:            no plugin (``-p no:megacache``): the baseline, and the proof that the tests pass at all.
 - cold / warm:      the plugin's defaults; cold fills a local directory store (``--megacache-dir``), warm restores it.
 - cold-pc / warm-pc: the same with ``--megacache-precompile``, into and from a store of their own.
+- eager:            no plugin and ``TORCHDYNAMO_DISABLE=1``: the suite without compiling, the floor no cache beats.
+
+Dynamo's seconds in each run come from torch's own compile timings (``bench_dynamo_seconds.py``, loaded as a
+pytest plugin in every run): compile attempts less the backend call, plus the guards of installed reused entries.
 
 Recorded per run: passed / failed / errors (and each failing test with its error line, from a JUnit XML file),
 session wall, and from the plugin's JSON report (``--megacache-report``): ``torch.compile_seconds``,
@@ -15,12 +19,16 @@ session wall, and from the plugin's JSON report (``--megacache-report``): ``torc
 ``torch/precompile`` artifacts were stored) and what the restore loaded. A failure is a finding, not a crash of
 this script: it is recorded and the table says so.
 
-    python benchmarks/precompile.py [--repeats 3] [--workload small|example|all] [--device cpu|cuda] [--json PATH]
+    python benchmarks/precompile.py [--repeats 3] [--workload small|dynamo|example|all] [--device cpu|cuda]
+                                    [--tests N] [--json PATH]
 
 Workloads: ``small``, a generated CPU suite (pointwise, an MLP forward, an MLP training step checked against
 eager, a dynamic-shape function, two functions compiled in one test, a graph break); ``example``, the example
 project's CPU tests (``example_project``, ``tests -m "not gpu"``, run from inside it as benchmarks/run.py does), or
-with ``--device cuda`` its GPU tests but the max-autotune one (``tests -m gpu -k "not autotune"``).
+with ``--device cuda`` its GPU tests but the max-autotune one (``tests -m gpu -k "not autotune"``); ``dynamo``, a
+generated suite shaped like suites where Dynamo is most of a warm run: many tests (``--tests``, 30 by default),
+each compiling two small functions full of Python-level work (dicts, loops, inlined helpers) after
+``torch._dynamo.reset()``.
 """
 
 from __future__ import annotations
@@ -147,9 +155,55 @@ SMALL_CONFTEST = textwrap.dedent(
     """
 )
 
+DYNAMO_HELPERS = textwrap.dedent(
+    """
+    import torch
+
+
+    def scaled(d, k):
+        return {key: value * k + 1 for key, value in d.items()}
+
+
+    def mixed(d):
+        out = dict(d)
+        out["a"] = torch.sin(d["a"]) + d["b"]
+        out["c"] = torch.cos(d["c"]) * out["a"]
+        return out
+    """
+)
+
+DYNAMO_TEST = textwrap.dedent(
+    """
+    def fn_{i}_{j}(x):
+        d = {{"a": x, "b": x + {i}, "c": x * {j}}}
+        for k in range(4):
+            d = helpers.mixed(helpers.scaled(d, 0.5 + 0.01 * (k + {i})))
+            if k % 2:
+                d["b"] = d["b"] - d["c"] / (1 + {j})
+        return sum(d.values())
+    """
+)
+
+
+def dynamo_workload(tests: int) -> str:
+    """``tests`` tests, each compiling two distinct small functions heavy in Python-level work."""
+    parts = ["import torch", "", "import helpers", ""]
+    for i in range(tests):
+        for j in (1, 2):
+            parts.append(DYNAMO_TEST.format(i=i, j=j))
+        parts.append(textwrap.dedent(f"""
+            def test_{i}():
+                x = torch.linspace(-1, 1, 16)
+                for fn in (fn_{i}_1, fn_{i}_2):
+                    torch.testing.assert_close(torch.compile(fn)(x), fn(x), rtol=1e-4, atol=1e-4)
+            """))
+    return "\n".join(parts)
+
+
 LOAD, UNLOAD, _INSTALLED = plugin_args()
 MISS_NAMES = ("fxgraph_cache_miss", "autograd_cache_miss", "dynamo_cache_miss")
-MODES = ("plain", "cold", "warm", "cold-pc", "warm-pc")
+MODES = ("plain", "eager", "cold", "warm", "cold-pc", "warm-pc")
+BENCH_DIR = Path(__file__).resolve().parent
 
 
 @dataclass
@@ -178,6 +232,7 @@ class Run:
     new_entries: dict[str, int] = field(default_factory=dict)
     loaded: dict[str, int] = field(default_factory=dict)  # what load_cache_artifacts put in place, per type
     compiles: int | None = None  # frames Dynamo compiled (the plugin's count)
+    dynamo_seconds: float | None = None  # bench_dynamo_seconds.py: Dynamo's share of the compile seconds
     missed: dict[str, dict[str, int]] = field(default_factory=dict)  # test -> its miss counters, tests with any miss
     problems: list[str] = field(default_factory=list)
     tail: str = ""
@@ -250,7 +305,10 @@ def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | N
     for sub in ("inductor", "triton", "tmp"):
         (root / sub).mkdir(parents=True)
     env = {**clean_env(), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
-           "TMPDIR": str(root / "tmp")}
+           "TMPDIR": str(root / "tmp"), "MEGACACHE_BENCH_DYNAMO_OUT": str(root / "dynamo.json")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
+    if mode == "eager":
+        env["TORCHDYNAMO_DISABLE"] = "1"
     report, junit = root / "report.json", root / "junit.xml"
     if store is None:
         plugin = list(UNLOAD)
@@ -258,8 +316,8 @@ def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | N
         plugin = [*LOAD, f"--megacache-dir={store}", f"--megacache-report={report}"]
         if mode.endswith("-pc"):
             plugin.append("--megacache-precompile")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", f"--junitxml={junit}",
-           *wl.args, *plugin]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench_dynamo_seconds", "-W", "ignore",
+           f"--junitxml={junit}", *wl.args, *plugin]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=wl.cwd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
@@ -272,11 +330,17 @@ def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | N
     read_junit(junit, run)
     if store is not None:
         read_report(report, run)
+    try:
+        run.dynamo_seconds = float(json.loads((root / "dynamo.json").read_text())["dynamo"])
+    except (OSError, ValueError, KeyError, TypeError):
+        run.dynamo_seconds = None
     line = (f"  {mode:8} wall {run.wall:6.1f} s  passed {run.passed} failed {run.failed} errors {run.errors}"
             + (f"  compile {run.compile_seconds:.2f} s ({run.compiles} frames)" if run.compile_seconds is not None else "")
+            + (f"  dynamo {run.dynamo_seconds:.2f} s" if run.dynamo_seconds is not None else "")
             + (f"  FX {run.counter('fxgraph_cache_hit')}/{run.counter('fxgraph_cache_miss')}"
                f"  AOT {run.counter('autograd_cache_hit')}/{run.counter('autograd_cache_miss')}"
-               f"  dynamo {run.counter('dynamo_cache_hit')}/{run.counter('dynamo_cache_miss')}"
+               f"  reuse {run.counter('dynamo_reused')} installed/{run.counter('dynamo_traced')} traced/"
+               f"{sum(v for k, v in run.counters.items() if k.startswith('dynamo_refused_'))} refused"
                f"  new {run.new_entries}  loaded {run.loaded}" if store is not None else ""))
     print(line, flush=True)
     for failure in run.failures:
@@ -296,7 +360,15 @@ def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | N
     return run
 
 
-def make_workload(name: str, base: Path, device: str = "cpu") -> Workload:
+def make_workload(name: str, base: Path, device: str = "cpu", tests: int = 30) -> Workload:
+    if name == "dynamo":
+        project = base / "dynamo"
+        project.mkdir()
+        (project / "test_dynamo.py").write_text(dynamo_workload(tests))
+        (project / "helpers.py").write_text(DYNAMO_HELPERS)
+        (project / "conftest.py").write_text(SMALL_CONFTEST)
+        (project / "pytest.ini").write_text("[pytest]\n")
+        return Workload("dynamo", project, ["test_dynamo.py"])
     if name == "example":
         select = ["-m", "gpu", "-k", "not autotune"] if device == "cuda" else ["-m", "not gpu"]
         return Workload("example", EXAMPLE, ["tests", *select])
@@ -314,7 +386,7 @@ def bench(wl: Workload, repeats: int, work: Path, logs: Path) -> list[Run]:
         print(f"[{wl.name}] repeat {i + 1}/{repeats}", flush=True)
         stores = {"": work / f"store-{wl.name}-default-r{i}", "-pc": work / f"store-{wl.name}-precompile-r{i}"}
         for mode in MODES:
-            store = None if mode == "plain" else stores["-pc" if mode.endswith("-pc") else ""]
+            store = None if mode in ("plain", "eager") else stores["-pc" if mode.endswith("-pc") else ""]
             runs.append(pytest_run(wl, mode, i, work, store, logs))
     return runs
 
@@ -350,8 +422,8 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
     print()
     print(f"workload {wl}: torch {importlib.metadata.version('torch')}, {os.cpu_count()} CPUs, {repeats} repeats; "
           "medians of the valid runs (n: how many; a failed run, or a warm run whose cold run failed, is left out)")
-    head = (f"{'mode':8} {'n':>2} {'pass/fail/err':>13} {'wall s':>7} {'compile s':>9} {'FX hit/miss':>11} {'AOT hit/miss':>12} "
-            f"{'dynamo hit/miss':>15} {'precompile stored':>17} {'precompile loaded':>17}")
+    head = (f"{'mode':8} {'n':>2} {'pass/fail/err':>13} {'wall s':>7} {'compile s':>9} {'Dynamo s':>8} {'Dynamo %':>8} "
+            f"{'FX hit/miss':>11} {'AOT hit/miss':>12} {'reuse inst/traced':>17} {'precompile stored':>17}")
     print(head)
     print("-" * len(head))
     for mode, rs in by_mode.items():
@@ -360,26 +432,30 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
             continue
         counts = f"{fmt(median(rs, lambda r: r.passed), 'g')}/{fmt(median(rs, lambda r: r.failed), 'g')}/" \
                  f"{fmt(median(rs, lambda r: r.errors), 'g')}"
-        plugin = mode != "plain"
+        plugin = mode not in ("plain", "eager")
         stored = median(rs, lambda r: r.new_entries.get("torch/precompile", 0)) if plugin else None
-        loaded = median(rs, lambda r: r.loaded.get("precompile", 0)) if plugin else None
+        share = median(rs, lambda r: 100 * r.dynamo_seconds / r.wall if r.dynamo_seconds is not None and r.wall else None)
         print(f"{mode:8} {len(rs):>2} {counts:>13} {fmt(median(rs, lambda r: r.wall), '.1f'):>7} "
-              f"{fmt(median(rs, lambda r: r.compile_seconds)):>9} "
+              f"{fmt(median(rs, lambda r: r.compile_seconds)):>9} {fmt(median(rs, lambda r: r.dynamo_seconds)):>8} "
+              f"{fmt(share, '.0f'):>8} "
               f"{hit_miss(rs, 'fxgraph_cache_hit', 'fxgraph_cache_miss') if plugin else '':>11} "
               f"{hit_miss(rs, 'autograd_cache_hit', 'autograd_cache_miss') if plugin else '':>12} "
-              f"{hit_miss(rs, 'dynamo_cache_hit', 'dynamo_cache_miss') if plugin else '':>15} "
-              f"{fmt(stored, 'g') if plugin else '':>17} {fmt(loaded, 'g') if plugin else '':>17}")
+              f"{hit_miss(rs, 'dynamo_reused', 'dynamo_traced') if plugin else '':>17} "
+              f"{fmt(stored, 'g') if plugin else '':>17}")
 
     def ratio(a: str, b: str, key: Callable[[Run], float | None]) -> str:
         x, y = median(by_mode[a], key), median(by_mode[b], key)
         return "n/a" if x is None or not y else f"{x / y:.2f}"
 
     print(f"warm-pc/warm: compile seconds {ratio('warm-pc', 'warm', lambda r: r.compile_seconds)}, "
+          f"Dynamo seconds {ratio('warm-pc', 'warm', lambda r: r.dynamo_seconds)}, "
           f"session wall {ratio('warm-pc', 'warm', lambda r: r.wall)}")
     print(f"cold-pc/cold: compile seconds {ratio('cold-pc', 'cold', lambda r: r.compile_seconds)}, "
           f"session wall {ratio('cold-pc', 'cold', lambda r: r.wall)}")
     print(f"warm/plain wall {ratio('warm', 'plain', lambda r: r.wall)}, warm-pc/plain wall "
           f"{ratio('warm-pc', 'plain', lambda r: r.wall)}")
+    print(f"against eager (TORCHDYNAMO_DISABLE=1): warm/eager wall {ratio('warm', 'eager', lambda r: r.wall)}, "
+          f"warm-pc/eager wall {ratio('warm-pc', 'eager', lambda r: r.wall)}")
     seen: set[str] = set()
     for r in mine:
         if r.ok and not valid(mine, r):
@@ -396,21 +472,22 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workload", choices=("small", "example", "all"), default="small")
+    parser.add_argument("--workload", choices=("small", "dynamo", "example", "all"), default="small")
+    parser.add_argument("--tests", type=int, default=30, help="tests of the dynamo workload (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the example project's GPU tests (the small workload is CPU only)")
     parser.add_argument("--json", type=Path, help="write every run's record here")
     parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "megacache-precompile-logs",
                         help="where the full output of failed pytest runs is kept (default: %(default)s)")
     opts = parser.parse_args()
-    names = ["small", "example"] if opts.workload == "all" else [opts.workload]
+    names = ["small", "dynamo", "example"] if opts.workload == "all" else [opts.workload]
     if opts.device == "cuda" and names != ["example"]:
         parser.error("--device cuda runs the example workload only: pass --workload example")
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="megacache-precompile-") as tmp:
         base = Path(tmp)
         for name in names:
-            wl = make_workload(name, base, opts.device)
+            wl = make_workload(name, base, opts.device, opts.tests)
             runs += bench(wl, opts.repeats, base / f"work-{name}", opts.logs)
     for name in names:
         table(name, runs, opts.repeats)

@@ -490,6 +490,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             return
         state.count("dynamo_reused")
         _advance_unique_ids(bytecode_transformation, modules)
+        _record_used(torch, cache, self)
 
     CompilePackage.install = install_or_fresh
 
@@ -503,6 +504,18 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}"[:200])
 
     cache.write = write_each
+
+
+def _record_used(torch: Any, cache: Any, pkg: Any) -> None:
+    """An installed entry counts as used, as torch counts a hit of its other caches: recorded among the artifacts of
+    this process (the report's per-layer use; a warm session re-saves what it used, as it does for graphs)."""
+    try:
+        key = pkg.source_id
+        with open(os.path.join(cache.path_prefix(), key, "entry"), "rb") as fh:
+            content = fh.read()
+        torch.compiler._cache.CacheArtifactManager.record_artifact("precompile", key, content)
+    except Exception:  # noqa: BLE001 - accounting only
+        pass
 
 
 def _reset(pkg: Any) -> None:

@@ -421,38 +421,6 @@ def test_an_upload_failure_warns_and_only_strict_mode_fails_the_session(pytester
         assert run.result.ret == pytest.ExitCode.OK
 
 
-PRECOMPILED = textwrap.dedent("""
-    import torch
-
-    @torch.compile
-    def at_import(x):
-        return torch.sin(x) * 3 + 1
-
-    def wrapped_in_test(x):
-        return torch.cos(x) - 2
-
-    def test_decorated_at_import():
-        assert torch.allclose(at_import(torch.zeros(4)), torch.ones(4))
-
-    def test_wrapped_in_the_test():
-        assert torch.allclose(torch.compile(wrapped_in_test)(torch.zeros(4)), torch.full((4,), -1.0))
-    """)
-
-
-def test_precompile_entries_are_loaded_before_torch_looks_them_up(pytester: pytest.Pytester) -> None:
-    """torch looks a precompile entry up when torch.compile() wraps a function: at import for a decorator, in
-    the test otherwise. With --megacache-precompile the plugin loads before collection, so both hit warm."""
-    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(pytester.path / "store")}, tests=PRECOMPILED)
-    cold = project.run("--megacache-precompile")
-    cold.result.assert_outcomes(passed=2)
-    assert cold.report is not None and cold.report["upload"]["new_entries"].get("torch/precompile", 0) >= 2
-    warm = project.run("--megacache-precompile")
-    warm.result.assert_outcomes(passed=2)
-    assert warm.report is not None
-    counters = warm.report["torch"]["counters"]
-    assert (counters["dynamo_cache_hit"], counters["dynamo_cache_miss"]) == (2, 0), counters
-
-
 FORWARD_ONLY = textwrap.dedent("""
     import torch
 
