@@ -80,6 +80,14 @@ class Matrix:
         return self._get("pgo-warm", "-k", "dynamic_recompile", store=self.base / "store-pgo",
                          env={"TORCH_COMPILE_JOB_ID": "compat-suite"})
 
+    # Dynamo reuse (--megacache-precompile): its own store, the main tests.
+    def reuse_cold(self) -> Session:
+        return self._get("reuse-cold", *MAIN, "--megacache-precompile", store=self.base / "store-reuse")
+
+    def reuse_warm(self) -> Session:
+        self.reuse_cold()
+        return self._get("reuse-warm", *MAIN, "--megacache-precompile", store=self.base / "store-reuse")
+
     # The CPU vector-ISA check (torch 2.14 and later): its own store, the decision test alone.
     def isa(self, name: str, *, plugin: bool = True, pretend_amx: bool = False) -> Session:
         env = {"COMPAT_PRETEND_AMX": "1"} if pretend_amx else {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Matrix, Results
+from .conftest import Matrix, Results, version
 from .sessions import Session, cli
 
 MAIN_TESTS = {"test_pointwise", "test_train", "test_dynamic_recompile", "test_max_autotune", "test_child_process",
@@ -152,6 +152,34 @@ def test_the_vector_isa_check_is_not_run_again_warm(matrix: Matrix, results: Res
     assert checks[0].get("run", 0) >= 1 and checks[0].get("recorded") == checks[0]["run"], checks
     assert checks[1] == {"reused": checks[0]["run"]}, checks
     results.record("isa_check", "hit", f"the plugin's records: cold {checks[0]}, warm {checks[1]}")
+
+
+@pytest.mark.tier("reuse")
+def test_dynamo_reuse_is_used_where_checked_and_refused_with_one_warning_elsewhere(matrix: Matrix,
+                                                                                   results: Results) -> None:
+    """--megacache-precompile: on a release its checks were written for, the warm session installs what the cold one
+    stored and traces less; elsewhere the option is ignored with one warning. The outcomes are the plugin-off
+    session's either way."""
+    from pytest_megacache import dynamo_reuse
+
+    plain, cold, warm = matrix.plain(), matrix.reuse_cold(), matrix.reuse_warm()
+    for session in (cold, warm):
+        assert session.outcomes == plain.outcomes, session.describe()
+        warned_once_at_most(session)
+        assert session.report is not None, session.describe()
+    torch = version("torch") or "?"
+    c = {k: int(v) for k, v in warm.report["torch"]["counters"].items()}  # type: ignore[index]
+    if not dynamo_reuse.release_checked(torch):
+        assert any("--megacache-precompile ignored" in p for p in warm.problems), warm.problems
+        assert c.get("dynamo_reused", 0) == 0, c
+        results.record("reuse", "refused", f"torch {torch}: the option is ignored with one warning; outcomes same")
+        return
+    cold_c = {k: int(v) for k, v in cold.report["torch"]["counters"].items()}  # type: ignore[index]
+    assert cold_c.get("dynamo_stored", 0) >= 1, cold_c
+    assert c.get("dynamo_reused", 0) >= 1 and c.get("dynamo_traced", 0) < cold_c.get("dynamo_traced", 0), (cold_c, c)
+    refused = {k: v for k, v in c.items() if k.startswith("dynamo_refused_") and v}
+    results.record("reuse", "hit", f"cold traced {cold_c.get('dynamo_traced')} / stored {cold_c.get('dynamo_stored')}; "
+                   f"warm installed {c.get('dynamo_reused')} / traced {c.get('dynamo_traced')}; refused {refused}")
 
 
 @pytest.mark.tier("cli")

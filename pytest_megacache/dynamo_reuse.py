@@ -37,6 +37,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import inspect
 import itertools
 import json
 import os
@@ -57,6 +58,7 @@ REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "gl
             "torch_error")
 COUNTERS = ("dynamo_reused", "dynamo_traced", "dynamo_stored", *(f"dynamo_refused_{r}" for r in REFUSALS))
 _MAGIC = b"megacache-guards-1\n"
+_UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 _ID_PREFIX = b"pytest-megacache dynamo entry 1\0"
 # A guard's source as Dynamo names it, when it is a path from the module's globals: G['name'] then .attr / ['key'].
 _PATH_HEAD = re.compile(r"G\[(?P<q>['\"])(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P=q)\]")
@@ -365,12 +367,16 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # 2. Guards stay whole: the live guard manager is built as without caching precompile (torch drops identity
     # guards from it when the flag is on); what is stored carries proofs for the identity guards.
     init = CheckFunctionManager.__init__
+    signature = inspect.signature(init)
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         with config.patch(caching_precompile=False):
             init(self, *args, **kwargs)
-        saving = kwargs.get("save_guards", args[4] if len(args) > 4 else False)
+        try:
+            saving = bool(signature.bind(self, *args, **kwargs).arguments.get("save_guards", False))
+        except TypeError:
+            saving = False
         if saving:
             state.count("dynamo_traced")
             if self.guards_state is None:
@@ -419,10 +425,23 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         proofs = state.pending.pop(id(guards_state), None)
         if proofs is None:
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
-        check_proofs(proofs, runtime_global_scope)
+        try:
+            check_proofs(proofs, runtime_global_scope)
+        except Refused as exc:  # this compiled variant only: the entry's others may hold
+            state.refuse(exc.reason, str(exc))
+            return _UNPROVEN
         return load_guard_manager(guards_state, target_code, runtime_global_scope)
 
     package.load_guard_manager = load_guard_manager_proven
+    eval_frame_c = torch._C._dynamo.eval_frame
+    load_precompile_entry = eval_frame_c._load_precompile_entry
+
+    def load_proven_entry(code: Any, guard_manager: Any, dynamo_code: Any) -> Any:
+        if guard_manager is _UNPROVEN:
+            return None  # not installed: a call that needs it is traced
+        return load_precompile_entry(code, guard_manager, dynamo_code)
+
+    eval_frame_c._load_precompile_entry = load_proven_entry
 
     # 3. Per frame, fail open. Loading: the stored main code must be the current code.
     load = cache.load

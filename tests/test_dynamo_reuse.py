@@ -84,6 +84,14 @@ def calls_rebound(x):
     return rebound_target(x) * 2
 
 
+def later_target(x):
+    return x * 4
+
+
+def calls_later(x):
+    return later_target(x) - 3
+
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -191,6 +199,13 @@ def test_global_function_rebound(monkeypatch):
     same(first, edits.calls_rebound, X)  # the first wrapper too: its guards see the rebinding
 
 
+def test_global_function_rebound_after_a_call(monkeypatch):
+    compiled = torch.compile(edits.calls_later)
+    same(compiled, edits.calls_later, X)  # warm: the stored variant for later_target, installed, no tracing
+    monkeypatch.setattr(edits, "later_target", edits.other_target)
+    same(compiled, edits.calls_later, X)  # its rebuilt guard sees the rebinding: traced again
+
+
 def test_generated_module(tmp_path):
     generator.setup(tmp_path, 2 + VARIANT)
     same(generator.compiled_call, lambda x: generator.generated.kernel(x) + 1, X)
@@ -274,7 +289,7 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (12, 0), (name, run.result.outlines[-80:])
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (13, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -304,6 +319,14 @@ class TestDynamoReuse:
     def test_a_rebound_global_is_refused(self, reuse_chain: ReuseChain) -> None:
         c = _counters(reuse_chain.runs["warm"])
         assert c["dynamo_refused_global_changed"] >= 1, c
+
+    def test_an_installed_entry_still_guards_the_identity_of_a_global(self, reuse_chain: ReuseChain) -> None:
+        """Cold traced two variants (before and after the rebinding); warm installs the one the current binding
+        proves, runs it without tracing, and traces once after the test rebinds the global: the guard on the
+        global's identity was rebuilt on the object it names now (else the stale variant would have run)."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        test = "test_global_function_rebound_after_a_call"
+        assert (_compiles(cold, test), _compiles(warm, test)) == (2, 1)
 
     def test_a_module_generated_at_run_time_is_refused_until_it_exists(self, reuse_chain: ReuseChain) -> None:
         c = _counters(reuse_chain.runs["warm"])
