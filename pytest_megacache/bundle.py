@@ -205,7 +205,7 @@ def entries_from_torch(container: bytes, skipped: list[str] | None = None) -> En
     return Entries(latest.values())
 
 
-def _encode_payload(entries: Entries) -> bytes:
+def _encode_payload(entries: Entries) -> bytearray:
     out = bytearray(PAYLOAD_MAGIC)
     out += len(entries).to_bytes(4, "big")
     for e in entries:
@@ -215,7 +215,7 @@ def _encode_payload(entries: Entries) -> bytes:
         out += len(name).to_bytes(2, "big") + name
         out += (e.mode & 0o777).to_bytes(4, "big")
         out += len(e.data).to_bytes(8, "big") + e.data
-    return bytes(out)
+    return out  # not copied: compressed as it is
 
 
 def _decode_payload(raw: bytes | bytearray, limits: Limits) -> Entries:
@@ -332,13 +332,21 @@ def _mac(key: bytes, unsigned_header: Mapping[str, object], payload_digest: byte
     return hmac.new(key, signature_input(unsigned_header, payload_digest), hashlib.sha256).hexdigest()
 
 
+def encoded_size(entry: Entry) -> int:
+    """The bytes ``entry`` takes in a payload before compression."""
+    return 15 + len(entry.kind.encode()) + len(entry.name.encode()) + len(entry.data)
+
+
 def encode(
     entries: Entries,
     fingerprint: str,
     extra: Mapping[str, object] | None = None,
     signing_key: bytes | None = None,
+    reuse: bytes | None = None,
 ) -> bytes:
-    """Serialize and compress ``entries`` into one object, signed with ``signing_key`` when one is given.
+    """Serialize and compress ``entries`` into one object, signed with ``signing_key`` when one is given. With
+    ``reuse`` (an object this function made of the same ``entries``), its compressed payload is taken as it is and
+    only the header is made anew.
 
     Raises ValueError (:class:`BundleError` for an unsafe entry) for what a decoder would refuse."""
     extra = dict(extra or {})
@@ -347,13 +355,18 @@ def encode(
         raise ValueError(f"extra header fields may not use reserved names: {', '.join(clash)}")
     if signing_key is not None and not signing_key:
         raise ValueError("empty signing key")
-    raw = _encode_payload(entries)
-    payload = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
+    if reuse is not None:
+        old, offset = decode_header(reuse, Limits(len(reuse), 1 << 62, 1 << 62))
+        payload, raw_size = reuse[offset:], old.raw_size
+    else:
+        raw = _encode_payload(entries)
+        payload, raw_size = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw), len(raw)
+        del raw
     digest = hashlib.sha256(payload).digest()
     header = Header(
         fingerprint=fingerprint,
         payload_size=len(payload),
-        raw_size=len(raw),
+        raw_size=raw_size,
         payload_sha256=digest.hex(),
         entries=len(entries),
         created=round(time.time(), 3),
