@@ -451,7 +451,7 @@ class CacheSession:
                 continue
             merged.merge(got.entries)
             stats.objects_used += 1
-            stats.raw_fetched += got.header.raw_size
+            stats.raw_fetched += got.entries.raw_bytes()
             stats.folders[got.folder] = stats.folders.get(got.folder, 0) + 1
             self.restored_headers.append(got.header)
             if got.folder == self.folder:
