@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,10 @@ class Shard:
     def hits_everything(self, s: CacheSession) -> bool:
         on_disk = (self.roots[1].path / HEADER).exists() and (self.roots[0].path / ISA).exists()
         return on_disk and all(("torch/inductor", k) in s.restored for k in self.keys)
+
+
+def factory(store: Store) -> Callable[[], Store]:
+    return lambda: store
 
 
 def run_together(sessions: list[CacheSession], torches: list[Any], restore: bool = False) -> None:
@@ -226,12 +230,12 @@ def test_races_of_warm_shards_converge_every_time(tmp_path: Path) -> None:
         store = Jittery()
         seeds = [Shard(tmp_path, i, graphs=1) for i in range(K)]
         for shard in seeds:  # the cold wave, one after the other: K objects, each with the shared entries
-            s = CacheSession(store_factory=lambda st=store: st, folder=FOLDER, fingerprint=FP, roots=[], reads=False,
+            s = CacheSession(store_factory=factory(store), folder=FOLDER, fingerprint=FP, roots=[], reads=False,
                              writes=True)
             s.start_restore(background=False)
             s.finish(FakeTorch([*shard.keys, "fshared".ljust(52, "0")]))  # type: ignore[arg-type]
         everything = {e.ident for e in union(objects(store))}
-        sessions = [CacheSession(store_factory=lambda st=store: st, folder=FOLDER, fingerprint=FP, roots=[], reads=True,
+        sessions = [CacheSession(store_factory=factory(store), folder=FOLDER, fingerprint=FP, roots=[], reads=True,
                                  writes=True) for _ in range(K)]
         # Each restores, then finishes at once: one's merge and deletions may run while another still restores.
         run_together(sessions, [FakeTorch([]) for _ in sessions], restore=True)
