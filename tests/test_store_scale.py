@@ -8,6 +8,7 @@ torch would (the cache directories the session's file roots name), so no test he
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -346,3 +347,31 @@ def test_a_group_with_a_part_missing_is_pending_until_stale() -> None:
     assert got == [] and pending == ["p0", "p1"]
     got, pending = units(parts[:2], now=headers[0].created + STALE_GROUP_SECONDS + 1)
     assert [g.name for g in got] == ["p0", "p1"] and pending == []
+
+
+# --- what overlapping objects cost -----------------------------------------------------------------------
+
+
+def test_ls_shows_the_bytes_a_fingerprints_objects_hold_twice(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    from pytest_megacache import cli
+    from pytest_megacache.bundle import Entry
+    from pytest_megacache.stores import new_object_name
+
+    store = LocalDirStore(tmp_path)
+    folder = f"pytest-megacache/main/{FP}"
+    shared = Entry("file/pch", HEADER, b"gpch" + b"h" * 5000)
+    for i in range(3):  # three shards' objects, each with the header and a graph of its own
+        store.put(folder, new_object_name(), bundlemod.encode(
+            Entries([shared, Entry("torch/inductor", graph(i, 0), b"g" * 100)]), FP))
+    alone = FP.replace("0123456789ab", "ba9876543210")
+    store.put(f"pytest-megacache/main/{alone}", new_object_name(), bundlemod.encode(Entries([shared]), alone))
+    assert cli.main(["ls", "--dir", str(tmp_path), "--duplicates", "--json"]) == 0
+    doc = {g["fingerprint"]: g for g in json.loads(capsys.readouterr().out)}
+    assert doc[FP]["duplicated_bytes"] == 2 * len(shared.data) and doc[alone]["duplicated_bytes"] == 0
+    assert cli.main(["ls", "--dir", str(tmp_path), "--duplicates"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[-1] == "DUPLICATED"
+    assert {row.split()[1]: row.split(None, 7)[-1] for row in rows[:2]} == {FP: "10.0 KB", alone: "0 B"}
+    assert cli.main(["ls", "--dir", str(tmp_path)]) == 0
+    assert "DUPLICATED" not in capsys.readouterr().out  # reading every object only when asked
