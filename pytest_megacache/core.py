@@ -94,8 +94,9 @@ class _Held:
 
 
 # The header field that marks an object as one part of a group (what one session wrote together because one object
-# would be over the restore limits): {"group": id, "index": i, "count": n}. A group counts as one object for
-# compaction: it covers or is covered whole, once every part is listed.
+# would be over the restore limits): {"group": id, "index": i}, and in the last part "count": n as well (parts are
+# encoded and stored one at a time). A group counts as one object for compaction: it covers or is covered whole,
+# once every part is listed.
 PART_FIELD = "part"
 MAX_PARTS = 4096
 # A group some of whose parts are missing is being uploaded or deleted; past this age it is neither (every upload and
@@ -103,14 +104,18 @@ MAX_PARTS = 4096
 STALE_GROUP_SECONDS = 3600.0
 
 
-def _part_of(header: bundlemod.Header | None) -> tuple[str, int, int] | None:
-    """(group id, index, count) from a header's part field, when it is a well-formed one."""
+def _part_of(header: bundlemod.Header | None) -> tuple[str, int, int | None] | None:
+    """(group id, index, count: the last part's only) from a header's part field, when it is a well-formed one."""
     doc = header.extra.get(PART_FIELD) if header is not None else None
     if not isinstance(doc, dict):
         return None
     group, index, count = doc.get("group"), doc.get("index"), doc.get("count")
-    if (not isinstance(group, str) or not valid_object_name(group) or isinstance(index, bool) or isinstance(count, bool)
-            or not isinstance(index, int) or not isinstance(count, int) or not 0 <= index < count <= MAX_PARTS):
+    if (not isinstance(group, str) or not valid_object_name(group) or isinstance(index, bool)
+            or not isinstance(index, int) or not 0 <= index < MAX_PARTS):
+        return None
+    if count is None:
+        return group, index, None
+    if isinstance(count, bool) or not isinstance(count, int) or count != index + 1:
         return None
     return group, index, count
 
@@ -129,11 +134,11 @@ def units(objects: Sequence[_Held], now: float | None = None) -> tuple[list[_Hel
             out.append(held)
             continue
         groups.setdefault(part[0], {}).setdefault(part[1], held)
-        counts.setdefault(part[0], set()).add(part[2])
+        counts.setdefault(part[0], set()).update([part[2]] if part[2] is not None else [])
     pending: list[str] = []
     for gid, parts in sorted(groups.items()):
-        [count, *other] = sorted(counts[gid])
-        if not other and len(parts) == count:
+        count = min(counts.get(gid) or {0})
+        if len(counts.get(gid, ())) == 1 and len(parts) == count and max(parts) == count - 1:
             entries = Entries()
             for i in range(count):
                 entries.merge(parts[i].entries)
@@ -768,23 +773,22 @@ class CacheSession:
         compact = merge_only or len(self.own_units()) + 1 > self.compact_after
         payload = self.scrubbed(self.restored_own) if compact else Entries()
         payload.merge(new)  # a changed profile replaces the restored one
-        parts = self._parts(payload)
-        if not parts:
-            up.reason = "over the restore limits"
-            return
         compact = compact and len(payload) > len(new)
         try:
             store = self._bounded_store(deadline)
-            mine = self._put_parts(store, deadline, parts)
+            stored = self._store_parts(store, deadline, payload)
         except StoreError as exc:
             self._store_error("upload", exc)
             up.reason = "upload failed"
             return
-        stored_bytes = sum(len(blob) for _entries, blob in parts)
+        if stored is None:
+            up.reason = "over the restore limits"
+            return
+        mine, parts, stored_bytes = stored
         if merge_only:
-            up.converged, up.merged_objects, up.merged_bytes = len(self.restored_held), len(parts), stored_bytes
+            up.converged, up.merged_objects, up.merged_bytes = len(self.restored_held), parts, stored_bytes
         else:
-            up.objects, up.bytes, up.raw_bytes = len(parts), stored_bytes, mine.entries.raw_bytes()
+            up.objects, up.bytes, up.raw_bytes = parts, stored_bytes, mine.entries.raw_bytes()
         if compact:
             try:
                 self._compact(store, deadline, mine)
@@ -793,24 +797,6 @@ class CacheSession:
                                   "what is left is merged next time")
             except Exception as exc:  # noqa: BLE001 - a cache bug must never fail the session
                 self.problem(f"compaction failed unexpectedly: {type(exc).__name__}: {redact_cut(str(exc))}")
-
-    def _put_parts(self, store: Store, deadline: Deadline, parts: Sequence[tuple[Entries, bytes]]) -> _Held:
-        """Store ``parts`` (what :meth:`_parts` made), each under a new name; what they are, as one unit. A part
-        that fails stops the rest: those stored are an unfinished group, which no compaction deletes or counts on
-        until it is stale (:func:`units`)."""
-        names: list[str] = []
-        entries = Entries()
-        for part_entries, blob in parts:
-            name = new_object_name()
-            bounded(lambda n=name, b=blob: store.put(self.folder, n, b), deadline, "upload")  # type: ignore[misc]
-            names.append(name)
-            entries.merge(part_entries)
-        created = min(bundlemod.decode_header(blob, self.limits)[0].created for _entries, blob in parts)
-        if len(parts) == 1:
-            return _Held(names[0], created, entries)
-        group = _part_of(bundlemod.decode_header(parts[0][1], self.limits)[0])
-        assert group is not None
-        return _Held(group[0], created, entries, (), tuple(names))
 
     def _compact(self, store: Store, deadline: Deadline, mine: _Held) -> None:
         """After uploading ``mine``, the merged whole: delete what it covers, then take in what concurrent sessions
@@ -918,13 +904,13 @@ class CacheSession:
         left.update(name for p in peers if p not in taken for name in p.objects)
         if not taken or not all(e.ident in union for e in current.entries):
             return None
-        parts = self._parts(union, [current, *taken])
-        if not parts or sum(len(e) for e, _blob in parts) < len(union):
-            return None  # an entry that cannot be stored: the objects holding it stay
-        merged = self._put_parts(store, deadline, parts)
+        stored = self._store_parts(store, deadline, union, [current, *taken])
+        if stored is None:
+            return None
+        merged, parts, stored_bytes = stored
         own.update(merged.objects)
-        self.upload_stats.remerged += len(parts)
-        self.upload_stats.remerged_bytes += sum(len(blob) for _entries, blob in parts)
+        self.upload_stats.remerged += parts
+        self.upload_stats.remerged_bytes += stored_bytes
         for held in [current, *taken]:
             if _covers(merged, held):
                 self._delete_unit(store, deadline, held, inputs, own)
@@ -966,21 +952,25 @@ class CacheSession:
                          f"{', '.join(sorted(dropped))}, which may be a secret")
         return out
 
-    def _parts(self, payload: Entries, sources: Sequence[_Held] | None = None) -> list[tuple[Entries, bytes]]:
-        """``payload`` as objects a restore accepts (under :class:`Limits`): one, or several parts of one group
-        (split by entry, never inside one; :data:`PART_FIELD` in each header). An entry over the limits on its
-        own is not stored (a problem names how many). Empty when nothing could be encoded."""
+    def _store_parts(self, store: Store, deadline: Deadline, payload: Entries, sources: Sequence[_Held] | None = None,
+                     ) -> tuple[_Held, int, int] | None:
+        """Store ``payload`` as objects a restore accepts (under :class:`Limits`): one, or several parts of one group
+        (split by entry, never inside one; :data:`PART_FIELD` in each header), each encoded, stored and let go
+        before the next is encoded. An entry over the limits on its own is not stored (a problem names how many).
+        Returns what was stored as one unit, the number of objects and their bytes; None when nothing was. A part
+        that fails to store stops the rest (StoreError): those stored are an unfinished group, which no compaction
+        deletes or counts on until it is stale (:func:`units`)."""
         signing_key = self.signing_keys[0] if self.signing_keys else None
-
-        def meta(entries: Entries) -> dict[str, object]:
-            return self._merged_meta(entries, sources) if sources is not None else self.upload_meta(entries)
-
         budget = min(self.limits.max_raw_bytes, self.limits.max_object_bytes) - 8  # 8: the payload's own head
         todo: list[list[Entry]] = []
         chunk: list[Entry] = []
         size = 0
+        too_big: list[str] = []
         for entry in payload:
             cost = bundlemod.encoded_size(entry)
+            if cost > budget:
+                too_big.append(f"{entry.kind}:{entry.name[:80]} ({cost} bytes)")
+                continue
             if chunk and (size + cost > budget or len(chunk) >= self.limits.max_entries):
                 todo.append(chunk)
                 chunk, size = [], 0
@@ -989,33 +979,49 @@ class CacheSession:
         if chunk:
             todo.append(chunk)
         todo.reverse()
-        out: list[tuple[Entries, bytes]] = []
-        too_big: list[str] = []
+        group = new_object_name() if len(todo) > 1 else None
+        names: list[str] = []
+        stored = Entries()
+        created: list[float] = []
+        total = 0
         try:
             while todo:
                 chunk = todo.pop()
                 entries = Entries(chunk)
-                blob = bundlemod.encode(entries, self.fingerprint, extra=meta(entries), signing_key=signing_key)
+                extra = self._merged_meta(entries, sources) if sources is not None else self.upload_meta(entries)
+                if group is not None:
+                    extra[PART_FIELD] = {"group": group, "index": len(names),
+                                         **({} if todo else {"count": len(names) + 1})}
+                blob = bundlemod.encode(entries, self.fingerprint, extra=extra, signing_key=signing_key)
                 why = self._over_limits(blob)
-                if why is None:
-                    out.append((entries, blob))
-                elif len(chunk) == 1:
-                    too_big.append(f"{chunk[0].kind}:{chunk[0].name[:80]} ({why})")
-                else:  # compressed, it is still over: in two halves
-                    todo.extend([chunk[len(chunk) // 2:], chunk[:len(chunk) // 2]])
-            if len(out) > 1:
-                group = new_object_name()
-                out = [(entries, bundlemod.encode(entries, self.fingerprint, signing_key=signing_key, reuse=blob,
-                                                  extra={**meta(entries), PART_FIELD: {"group": group, "index": i,
-                                                                                        "count": len(out)}}))
-                       for i, (entries, blob) in enumerate(out)]
+                if why is not None:
+                    if len(chunk) == 1:
+                        too_big.append(f"{chunk[0].kind}:{chunk[0].name[:80]} ({why})")
+                        if not todo and names:
+                            todo.append([])  # the group's last part, empty: it says how many parts there are
+                    else:  # compressed, it is still over: in two halves, as parts of a group
+                        todo.extend([chunk[len(chunk) // 2:], chunk[:len(chunk) // 2]])
+                        group = group or new_object_name()
+                    continue
+                name = new_object_name()
+                bounded(lambda: store.put(self.folder, name, blob), deadline, "upload")  # noqa: B023 - waited for here
+                names.append(name)
+                stored.merge(entries)
+                created.append(bundlemod.decode_header(blob, self.limits)[0].created)
+                total += len(blob)
+                del blob
         except (ValueError, BundleError) as exc:  # a header a decoder would refuse: never written
             self.problem(f"not uploading: {redact_cut(str(exc))}")
-            return []
-        if too_big:
-            self.problem(f"not storing {plural_entries(len(too_big))}: each alone would be over the restore limits, "
-                         f"so no session could restore it: {'; '.join(too_big[:3])}")
-        return out
+            return None
+        finally:
+            if too_big:
+                self.problem(f"not storing {plural_entries(len(too_big))}: each alone would be over the restore "
+                             f"limits, so no session could restore it: {'; '.join(too_big[:3])}")
+        if not names:
+            return None
+        if group is None:
+            return _Held(names[0], created[0], stored), 1, total
+        return _Held(group, min(created), stored, (), tuple(names)), len(names), total
 
     def _over_limits(self, blob: bytes) -> str | None:
         """Why a restore would refuse ``blob`` for its size, or None."""
