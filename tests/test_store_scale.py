@@ -337,14 +337,17 @@ def test_an_entry_over_the_limits_on_its_own_is_left_out_and_the_rest_stored(tmp
 def test_a_group_with_a_part_missing_is_pending_until_stale() -> None:
     headers = []
     for i in range(3):
+        last = {"count": 3} if i == 2 else {}  # the last part says how many there are
         blob = bundlemod.encode(Entries(), FP, extra={PART_FIELD: {"group": "20260101T000000000-1-aaaaaaaaaaaa.mcb",
-                                                                  "index": i, "count": 3}})
+                                                                  "index": i, **last}})
         headers.append(bundlemod.decode_header(blob)[0])
     parts = [_Held(f"p{i}", h.created, Entries(), (h,)) for i, h in enumerate(headers)]
     [whole], pending = units(parts)
     assert whole.objects == ("p0", "p1", "p2") and pending == []
     got, pending = units(parts[:2])
     assert got == [] and pending == ["p0", "p1"]
+    got, pending = units(parts[1:])
+    assert got == [] and pending == ["p1", "p2"]
     got, pending = units(parts[:2], now=headers[0].created + STALE_GROUP_SECONDS + 1)
     assert [g.name for g in got] == ["p0", "p1"] and pending == []
 
