@@ -776,7 +776,12 @@ class CacheSession:
         compact = compact and len(payload) > len(new)
         try:
             store = self._bounded_store(deadline)
-            stored = self._store_parts(store, deadline, payload)
+            stored = self._store_parts(store, deadline, payload, quiet=compact and bool(new))
+            if stored is None and compact and new:  # the merged whole cannot be stored: the new entries alone
+                self.notes.append("compaction skipped: the merged objects would be over the restore limits; "
+                                  "uploading the new entries alone and keeping every stored object")
+                compact, merge_only = False, False
+                stored = self._store_parts(store, deadline, new)
         except StoreError as exc:
             self._store_error("upload", exc)
             up.reason = "upload failed"
@@ -953,11 +958,12 @@ class CacheSession:
         return out
 
     def _store_parts(self, store: Store, deadline: Deadline, payload: Entries, sources: Sequence[_Held] | None = None,
-                     ) -> tuple[_Held, int, int] | None:
+                     quiet: bool = False) -> tuple[_Held, int, int] | None:
         """Store ``payload`` as objects a restore accepts (under :class:`Limits`): one, or several parts of one group
         (split by entry, never inside one; :data:`PART_FIELD` in each header), each encoded, stored and let go
         before the next is encoded. An entry over the limits on its own is not stored (a problem names how many).
-        Returns what was stored as one unit, the number of objects and their bytes; None when nothing was. A part
+        Returns what was stored as one unit, the number of objects and their bytes; None when nothing was (said as a
+        problem unless ``quiet``: the caller tries something else). A part
         that fails to store stops the rest (StoreError): those stored are an unfinished group, which no compaction
         deletes or counts on until it is stale (:func:`units`)."""
         signing_key = self.signing_keys[0] if self.signing_keys else None
@@ -1014,7 +1020,7 @@ class CacheSession:
             self.problem(f"not uploading: {redact_cut(str(exc))}")
             return None
         finally:
-            if too_big:
+            if too_big and not (quiet and not names):
                 self.problem(f"not storing {plural_entries(len(too_big))}: each alone would be over the restore "
                              f"limits, so no session could restore it: {'; '.join(too_big[:3])}")
         if not names:
