@@ -41,6 +41,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import zstandard
 
@@ -205,53 +206,104 @@ def entries_from_torch(container: bytes, skipped: list[str] | None = None) -> En
     return Entries(latest.values())
 
 
-def _encode_payload(entries: Entries) -> bytes:
-    out = bytearray(PAYLOAD_MAGIC)
-    out += len(entries).to_bytes(4, "big")
+def _compress_payload(entries: Entries) -> tuple[bytes, int]:
+    """The payload compressed, and its raw size: fed to the compressor entry by entry, so the raw payload is never
+    built in memory beside the entries (the frame states its size, as a one-shot compression would)."""
+    raw_size = 8 + sum(encoded_size(e) for e in entries)
+    compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compressobj(size=raw_size)
+    out = [compressor.compress(PAYLOAD_MAGIC + len(entries).to_bytes(4, "big"))]
     for e in entries:
         validate_entry(e.kind, e.name)
         kind, name = e.kind.encode(), e.name.encode()
-        out += len(kind).to_bytes(1, "big") + kind
-        out += len(name).to_bytes(2, "big") + name
-        out += (e.mode & 0o777).to_bytes(4, "big")
-        out += len(e.data).to_bytes(8, "big") + e.data
-    return bytes(out)
+        out.append(compressor.compress(len(kind).to_bytes(1, "big") + kind + len(name).to_bytes(2, "big") + name
+                                       + (e.mode & 0o777).to_bytes(4, "big") + len(e.data).to_bytes(8, "big")))
+        out.append(compressor.compress(e.data))
+    out.append(compressor.flush())
+    return b"".join(out), raw_size
 
 
-def _decode_payload(raw: bytes | bytearray, limits: Limits) -> Entries:
-    view = memoryview(raw)
-    if bytes(view[:4]) != PAYLOAD_MAGIC or len(raw) < 8:
+class _RawStream:
+    """The decompressed payload as a stream of exactly ``raw_size`` bytes (the header's declaration): entries are
+    read from it one at a time, so a restore never holds the whole decompressed payload beside the entries."""
+
+    def __init__(self, reader: Any, raw_size: int) -> None:
+        self.reader = reader
+        self.raw_size = raw_size
+        self.pos = 0
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > self.raw_size - self.pos:
+            raise BundleError(f"payload truncated in {what}")
+        chunks: list[bytes] = []
+        left = n
+        while left:
+            chunk: bytes = self.reader.read(min(left, DECOMPRESS_CHUNK))
+            if not chunk:
+                raise BundleError(f"payload truncated in {what}")
+            chunks.append(chunk)
+            left -= len(chunk)
+        self.pos += n
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def produced(self) -> int:
+        """How many bytes the frame decompresses to, counted up to ``raw_size + 1`` at most (the rest is read and
+        dropped, a chunk at a time)."""
+        total = self.pos
+        while total <= self.raw_size:
+            chunk = self.reader.read(min(DECOMPRESS_CHUNK, self.raw_size + 1 - total))
+            if not chunk:
+                break
+            total += len(chunk)
+        return total
+
+    def refusal(self, defect: BundleError) -> BundleError:
+        """What to say about a payload whose entries do not parse: that it expands past its declared size, or falls
+        short of it, when it does (checked first, as those say more), else ``defect``."""
+        total = self.produced()
+        if total > self.raw_size:
+            return BundleError(f"payload does not decompress: it expands past its declared raw size of {self.raw_size} "
+                               "bytes")
+        if total != self.raw_size:
+            return BundleError("decompressed size disagrees with the header")
+        return defect
+
+
+def _decode_payload(raw: _RawStream, limits: Limits) -> Entries:
+    """The entries, read from the decompressed payload one at a time; the stream must end right after the last."""
+    try:
+        entries = _decode_entries(raw, limits)
+        if raw.pos != raw.raw_size:
+            raise BundleError(f"{raw.raw_size - raw.pos} trailing bytes after the last entry")
+    except BundleError as exc:
+        raise raw.refusal(exc) from None
+    if raw.produced() != raw.raw_size:
+        raise raw.refusal(BundleError("decompressed size disagrees with the header"))
+    return entries
+
+
+def _decode_entries(raw: _RawStream, limits: Limits) -> Entries:
+    take = raw.take
+    head = take(8, "payload magic") if raw.raw_size >= 8 else b""
+    if head[:4] != PAYLOAD_MAGIC:
         raise BundleError("payload magic missing")
-    count = int.from_bytes(view[4:8], "big")
+    count = int.from_bytes(head[4:8], "big")
     if count > limits.max_entries:
         raise BundleError(f"payload declares {count} entries, over the limit of {limits.max_entries}")
-    pos = 8
-
-    def take(n: int, what: str) -> memoryview:
-        nonlocal pos
-        if n > len(raw) - pos:
-            raise BundleError(f"payload truncated in {what}")
-        chunk = view[pos : pos + n]
-        pos += n
-        return chunk
-
     entries = Entries()
     for _ in range(count):
         kind_len = take(1, "kind length")[0]
-        kind = bytes(take(kind_len, "kind")).decode("ascii", errors="replace")
+        kind = take(kind_len, "kind").decode("ascii", errors="replace")
         name_len = int.from_bytes(take(2, "name length"), "big")
         try:
-            name = bytes(take(name_len, "name")).decode("utf-8")
+            name = take(name_len, "name").decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BundleError("entry name is not UTF-8") from exc
         mode = int.from_bytes(take(4, "mode"), "big") & 0o755
         data_len = int.from_bytes(take(8, "data length"), "big")
         validate_entry(kind, name)
-        data = bytes(take(data_len, f"data of {name[:60]!r}"))
+        data = take(data_len, f"data of {name[:60]!r}")
         if not entries.add(Entry(kind, name, data, mode)):
             raise BundleError(f"duplicate entry {kind}:{name[:60]}")
-    if pos != len(raw):
-        raise BundleError(f"{len(raw) - pos} trailing bytes after the last entry")
     return entries
 
 
@@ -332,13 +384,21 @@ def _mac(key: bytes, unsigned_header: Mapping[str, object], payload_digest: byte
     return hmac.new(key, signature_input(unsigned_header, payload_digest), hashlib.sha256).hexdigest()
 
 
+def encoded_size(entry: Entry) -> int:
+    """The bytes ``entry`` takes in a payload before compression."""
+    return 15 + len(entry.kind.encode()) + len(entry.name.encode()) + len(entry.data)
+
+
 def encode(
     entries: Entries,
     fingerprint: str,
     extra: Mapping[str, object] | None = None,
     signing_key: bytes | None = None,
+    reuse: bytes | None = None,
 ) -> bytes:
-    """Serialize and compress ``entries`` into one object, signed with ``signing_key`` when one is given.
+    """Serialize and compress ``entries`` into one object, signed with ``signing_key`` when one is given. With
+    ``reuse`` (an object this function made of the same ``entries``), its compressed payload is taken as it is and
+    only the header is made anew.
 
     Raises ValueError (:class:`BundleError` for an unsafe entry) for what a decoder would refuse."""
     extra = dict(extra or {})
@@ -347,13 +407,16 @@ def encode(
         raise ValueError(f"extra header fields may not use reserved names: {', '.join(clash)}")
     if signing_key is not None and not signing_key:
         raise ValueError("empty signing key")
-    raw = _encode_payload(entries)
-    payload = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
+    if reuse is not None:
+        old, offset = decode_header(reuse, Limits(len(reuse), 1 << 62, 1 << 62))
+        payload, raw_size = reuse[offset:], old.raw_size
+    else:
+        payload, raw_size = _compress_payload(entries)
     digest = hashlib.sha256(payload).digest()
     header = Header(
         fingerprint=fingerprint,
         payload_size=len(payload),
-        raw_size=len(raw),
+        raw_size=raw_size,
         payload_sha256=digest.hex(),
         entries=len(entries),
         created=round(time.time(), 3),
@@ -560,27 +623,6 @@ def decode_header(
     return header, offset
 
 
-def _decompress(payload: bytes | memoryview, raw_size: int) -> bytearray:
-    """Decompress ``payload``, producing at most ``raw_size + 1`` bytes whatever the frame claims.
-
-    The output is read in chunks and refused as soon as it passes the declared raw size (itself at most
-    ``Limits.max_raw_bytes``), so the overflow of a bomb is never produced, let alone kept; the decompressor's
-    window is bounded by ``MAX_WINDOW_BYTES``. Memory is therefore bounded by the declared size (plus the
-    buffer's growth slack and one chunk), which the limits cap. A compression-ratio guard would add nothing:
-    the absolute cap is what protects memory, and legitimate bundles (runs of zeros) can compress very well.
-    """
-    out = bytearray()
-    reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).stream_reader(payload, read_across_frames=True)
-    with reader:
-        while True:
-            chunk = reader.read(min(DECOMPRESS_CHUNK, raw_size + 1 - len(out)))
-            if not chunk:
-                return out
-            out += chunk
-            if len(out) > raw_size:
-                raise BundleError(f"payload does not decompress: it expands past its declared raw size of {raw_size} bytes")
-
-
 def decode(
     blob: bytes,
     expected_fingerprint: str | None = None,
@@ -612,16 +654,21 @@ def _decode(
         raise BundleError(f"bundle is for fingerprint {header.fingerprint[:120]!r}, not this environment's")
     if not hmac.compare_digest(digest.hex(), header.payload_sha256):
         raise BundleError("payload SHA-256 mismatch (corrupt or tampered)")
+    # Decompression is streamed, a chunk at a time, and never produces more than the declared raw size (itself at
+    # most ``Limits.max_raw_bytes``) + 1 bytes: the overflow of a bomb is never produced, let alone kept; the
+    # decompressor's window is bounded by ``MAX_WINDOW_BYTES``. So memory is bounded by the entries themselves (at
+    # most the declared size) plus one chunk. A compression-ratio guard would add nothing: the absolute cap is what
+    # protects memory, and legitimate bundles (runs of zeros) can compress very well.
     try:
         params = zstandard.get_frame_parameters(payload)
         if params.content_size not in (zstandard.CONTENTSIZE_UNKNOWN, header.raw_size):
             raise BundleError("zstd frame size disagrees with the header")
-        raw = _decompress(payload, header.raw_size)
+        reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).stream_reader(payload,
+                                                                                         read_across_frames=True)
+        with reader:
+            entries = _decode_payload(_RawStream(reader, header.raw_size), limits)
     except zstandard.ZstdError as exc:
         raise BundleError(f"payload does not decompress: {exc}") from exc
-    if len(raw) != header.raw_size:
-        raise BundleError("decompressed size disagrees with the header")
-    entries = _decode_payload(raw, limits)
     if len(entries) != header.entries:
         raise BundleError("entry count disagrees with the header")
     return header, entries

@@ -205,6 +205,8 @@ class Group:
     scope: str
     fingerprint: str
     objects: list[ObjectInfo]
+    duplicated: int | None = None  # raw bytes of entries held by more than one object (ls --duplicates)
+    unreadable: int = 0  # objects --duplicates could not read or validate
 
     @property
     def size(self) -> int:
@@ -226,8 +228,35 @@ def group(objects: Iterable[StoredObject]) -> list[Group]:
     return [groups[k] for k in sorted(groups)]
 
 
+def duplicated_bytes(store: Store, prefix: str, g: Group) -> tuple[int, int]:
+    """Raw bytes of the entries that ``g``'s objects hold more than once (what every restore of that fingerprint
+    fetches and decompresses again), and how many of its objects could not be read and validated. Reads each
+    object of a fingerprint with more than one."""
+    if len(g.objects) < 2:
+        return 0, 0
+    folder = Layout(prefix).folder(g.scope, g.fingerprint)
+    seen: set[tuple[str, str]] = set()
+    duplicated = unreadable = 0
+    for info in g.objects:
+        try:
+            blob = store.get(folder, info.name, bundlemod.DEFAULT_LIMITS.max_object_bytes)
+            entries = bundlemod.decode(blob, g.fingerprint)[1] if blob is not None else None
+        except (StoreError, BundleError):
+            entries = None
+        if entries is None:
+            unreadable += 1
+            continue
+        for entry in entries:
+            if entry.ident in seen:
+                duplicated += len(entry.data)
+            seen.add(entry.ident)
+    return duplicated, unreadable
+
+
 def _group_json(g: Group, this: str | None, now: float) -> dict[str, object]:
-    return {
+    extra: dict[str, object] = {} if g.duplicated is None else {"duplicated_bytes": g.duplicated,
+                                                                 "unreadable": g.unreadable}
+    return {**extra,
         "scope": g.scope, "fingerprint": g.fingerprint, "this": g.fingerprint == this,
         "objects": len(g.objects), "bytes": g.size,
         "newest": g.newest, "oldest": g.oldest,
@@ -237,17 +266,20 @@ def _group_json(g: Group, this: str | None, now: float) -> dict[str, object]:
 
 
 def _ls_lines(groups: list[Group], this: str | None, now: float, verbose: bool) -> list[str]:
-    rows = [["SCOPE", "FINGERPRINT", "OBJECTS", "SIZE", "NEWEST", "OLDEST"]]
+    dups = any(g.duplicated is not None for g in groups)
+    rows = [["SCOPE", "FINGERPRINT", "OBJECTS", "SIZE", "NEWEST", "OLDEST"] + (["DUPLICATED"] if dups else [])]
     extra: dict[int, list[str]] = {}  # table row -> object lines after it (-v)
     for g in groups:
         mark = " (this)" if g.fingerprint == this else ""
+        dup = [] if not dups else [human_bytes(g.duplicated or 0) + (f" ({g.unreadable} unread)" if g.unreadable
+                                                                      else "")]
         rows.append([g.scope, g.fingerprint + mark, str(len(g.objects)), human_bytes(g.size),
-                     human_age(now - g.newest), human_age(now - g.oldest)])
+                     human_age(now - g.newest), human_age(now - g.oldest), *dup])
         if verbose:
             extra[len(rows) - 1] = [f"    {o.name}  {human_bytes(o.size):>9}  {human_age(now - o.modified):>4}"
                                     for o in g.objects]
     lines = []
-    for i, line in enumerate(_table(rows, right=frozenset({2, 3, 4, 5}))):
+    for i, line in enumerate(_table(rows, right=frozenset({2, 3, 4, 5, 6}))):
         lines.append(line)
         lines.extend(extra.get(i, []))
     return lines
@@ -259,6 +291,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     this = _this_key()
     objects, ignored = scan(store, settings.prefix)
     groups = group(o for o in objects if only.matches(o))
+    if args.duplicates:
+        for g in groups:
+            g.duplicated, g.unreadable = duplicated_bytes(store, settings.prefix, g)
     now = time.time()
     if args.json:
         print(json.dumps([_group_json(g, this, now) for g in groups], indent=2))
@@ -597,7 +632,9 @@ number of entries and their size, when it was made, and the entries of each kind
 Exit status 1 when any of them is refused."""
 LS_HELP = """\
 List what the store holds, one line per scope and fingerprint: the number of objects, their size, and the age
-of the newest and oldest. This environment's fingerprint is marked "(this)"."""
+of the newest and oldest. This environment's fingerprint is marked "(this)". With --duplicates it also reads
+the objects of every fingerprint that has more than one and shows the raw bytes of the entries they hold more
+than once (what each restore fetches again; the next read-write session merges them)."""
 PRUNE_HELP = """\
 Delete objects last modified more than --older-than DAYS ago, and/or the oldest ones beyond a --max-bytes budget
 (the newest are kept). Without --yes it only prints what it would delete."""
@@ -648,6 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_filter(ls)
     ls.add_argument("--json", action="store_true", help="a machine-readable list")
     ls.add_argument("-v", "--verbose", action="store_true", help="list every object under its fingerprint")
+    ls.add_argument("--duplicates", action="store_true",
+                    help="read the objects of each fingerprint and show the bytes its objects hold more than once")
     add_store_options(ls)
     ls.set_defaults(func=_cmd_ls)
 

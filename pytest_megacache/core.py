@@ -20,7 +20,7 @@ from .bundle import Entries, Entry, Limits
 from .deadline import Deadline, bounded, bounded_map
 from .errors import BundleError, StoreError, redact, redact_cut
 from .files import FileRoot, torch_cache_ident
-from .layout import Layout
+from .layout import Layout, valid_object_name
 from .report import LoadStats, RestoreStats, TorchStats, UploadStats
 from .stores import ObjectInfo, Store, new_object_name
 from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
@@ -47,6 +47,7 @@ class Fetched:
     size: int
     header: bundlemod.Header | None
     entries: Entries | None
+    vanished: bool = False  # listed, then gone when fetched: a compaction deleted it (what it held is elsewhere)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class Diagnosis:
     parts: Mapping[str, object]
 
 
+# Listings of the read folders a restore makes when an object it listed was gone when fetched (a compaction
+# deleted it, having stored what it held in a newer object): the first and at most two more.
+RESTORE_ROUNDS = 3
 # Listings of the folder a compaction makes to merge what concurrent sessions stored meanwhile (each may merge
 # once more, but the last); what is left then is merged by the next compaction.
 COMPACTION_ROUNDS = 4
@@ -66,12 +70,19 @@ COMPACTION_ROUNDS = 4
 
 @dataclass
 class _Held:
-    """An object of the write folder as a compaction sees it: validated, with what it holds."""
+    """An object of the write folder as a compaction sees it, validated, with what it holds; or a whole group of
+    parts (objects one session wrote together, :data:`PART_FIELD`), which counts as one."""
 
-    name: str
-    created: float  # from its header: every session reads the same value
+    name: str  # the object's name, or its group's id
+    created: float  # from its header (a group's: its oldest part's): every session reads the same value
     entries: Entries
-    header: bundlemod.Header | None = None  # None for an object this session wrote
+    headers: tuple[bundlemod.Header, ...] = ()  # () for what this session wrote
+    parts: tuple[str, ...] = ()  # a group's objects; () for one object
+
+    @property
+    def objects(self) -> tuple[str, ...]:
+        """The stored objects it is: deleting it deletes each."""
+        return self.parts or (self.name,)
 
     @property
     def rank(self) -> tuple[float, str]:
@@ -80,6 +91,65 @@ class _Held:
 
     def order(self) -> tuple[int, float, str]:
         return (len(self.entries), *self.rank)
+
+
+# The header field that marks an object as one part of a group (what one session wrote together because one object
+# would be over the restore limits): {"group": id, "index": i}, and in the last part "count": n as well (parts are
+# encoded and stored one at a time). A group counts as one object for compaction: it covers or is covered whole,
+# once every part is listed.
+PART_FIELD = "part"
+MAX_PARTS = 4096
+# A group some of whose parts are missing is being uploaded or deleted; past this age it is neither (every upload and
+# deletion is bounded by its session's budget), and each part left is taken as an object of its own.
+STALE_GROUP_SECONDS = 3600.0
+
+
+def _part_of(header: bundlemod.Header | None) -> tuple[str, int, int | None] | None:
+    """(group id, index, count: the last part's only) from a header's part field, when it is a well-formed one."""
+    doc = header.extra.get(PART_FIELD) if header is not None else None
+    if not isinstance(doc, dict):
+        return None
+    group, index, count = doc.get("group"), doc.get("index"), doc.get("count")
+    if (not isinstance(group, str) or not valid_object_name(group) or isinstance(index, bool)
+            or not isinstance(index, int) or not 0 <= index < MAX_PARTS):
+        return None
+    if count is None:
+        return group, index, None
+    if isinstance(count, bool) or not isinstance(count, int) or count != index + 1:
+        return None
+    return group, index, count
+
+
+def units(objects: Sequence[_Held], now: float | None = None) -> tuple[list[_Held], list[str]]:
+    """The objects of a folder as compaction units: each object on its own, and each group whose every part is
+    there as one; also the objects of groups not whole yet (neither deleted nor merged for now). A group's parts
+    left past :data:`STALE_GROUP_SECONDS` are objects of their own."""
+    now = time.time() if now is None else now
+    out: list[_Held] = []
+    groups: dict[str, dict[int, _Held]] = {}
+    counts: dict[str, set[int]] = {}
+    for held in objects:
+        part = next(filter(None, (_part_of(h) for h in held.headers)), None)
+        if part is None:
+            out.append(held)
+            continue
+        groups.setdefault(part[0], {}).setdefault(part[1], held)
+        counts.setdefault(part[0], set()).update([part[2]] if part[2] is not None else [])
+    pending: list[str] = []
+    for gid, parts in sorted(groups.items()):
+        count = min(counts.get(gid) or {0})
+        if len(counts.get(gid, ())) == 1 and len(parts) == count and max(parts) == count - 1:
+            entries = Entries()
+            for i in range(count):
+                entries.merge(parts[i].entries)
+            out.append(_Held(gid, min(p.created for p in parts.values()), entries,
+                             tuple(h for i in range(count) for h in parts[i].headers),
+                             tuple(parts[i].name for i in range(count))))
+        elif all(now - p.created > STALE_GROUP_SECONDS for p in parts.values()):
+            out.extend(parts.values())
+        else:
+            pending.extend(p.name for p in parts.values())
+    return out, pending
 
 
 def _covers(big: _Held, small: _Held) -> bool:
@@ -152,6 +222,7 @@ class CacheSession:
         self.restored = Entries()
         self.restored_objects: list[ObjectInfo] = []  # objects of the write folder (compaction input)
         self.restored_own = Entries()  # what those objects hold
+        self.restored_held: list[_Held] = []  # those objects, with what each holds (compaction input)
         self.restored_headers: list[bundlemod.Header] = []
         self.before: dict[str, set[str]] = {}
         self.restore_stats = RestoreStats()
@@ -309,13 +380,52 @@ class CacheSession:
         """One object, fetched and validated; any defect of it is its own (named) problem, not the restore's."""
         blob = store.get(folder, info.name, self.limits.max_object_bytes)
         if blob is None:  # deleted by a concurrent compaction: its content is in a newer object
-            return Fetched(folder, info, 0, None, None)
+            return Fetched(folder, info, 0, None, None, vanished=True)
         try:
             header, entries = bundlemod.decode(blob, self.fingerprint, self.limits, verify_keys=self.signing_keys)
         except BundleError as exc:  # decode turns whatever a hostile object provokes into a BundleError
             self.problem(f"refused {folder}/{info.name}: {redact_cut(str(exc))}")
             return Fetched(folder, info, len(blob), None, None)
         return Fetched(folder, info, len(blob), header, entries)
+
+    def _fetch_all(self, store: Store, listing: list[tuple[str, ObjectInfo]], deadline: Deadline) -> list[Fetched]:
+        """Every listed object, fetched and validated. An object deleted between the listing and its fetch was
+        covered by an object stored before it went: the folders are listed again for what is new (a few times at
+        most), so a restore that races a compaction still gets every entry."""
+        results: list[Fetched] = []
+        done = {(folder, info.name) for folder, info in listing}
+        failed = late = 0
+        for round_ in range(RESTORE_ROUNDS):
+            outcomes = bounded_map(lambda item: self._fetch(store, *item), listing, deadline, FETCH_WORKERS)
+            for (folder, info), outcome in zip(listing, outcomes, strict=True):
+                if isinstance(outcome, StoreError):
+                    failed += 1
+                    if outcome.kind == "timeout":
+                        late += 1
+                    else:
+                        self.problem(f"fetching {info.name}: {outcome}")
+                    results.append(Fetched(folder, info, 0, None, None))
+                else:
+                    results.append(outcome)
+            if round_ == RESTORE_ROUNDS - 1 or not any(isinstance(o, Fetched) and o.vanished for o in outcomes):
+                break
+            try:
+                again = [(folder, info) for folder in self.read_folders
+                         for info in bounded(lambda f=folder: store.list(f), deadline, "listing the store")  # type: ignore[misc]
+                         if (folder, info.name) not in done]
+            except StoreError:
+                break  # what was fetched stands
+            listing = again
+            done.update((folder, info.name) for folder, info in listing)
+            self.restore_stats.objects_listed += len(listing)
+            if not listing:
+                break
+        if late:  # one fault, one problem: not one per object the budget cut short
+            self.problem(f"restore: {late} of {len(results)} objects were not fetched within the budget of the restore "
+                         f"({self.restore_timeout:g} s, --megacache-timeout); the session went on without them")
+        if failed and failed == len(results):
+            self.store_down = True  # nothing came through: an upload would not either
+        return results
 
     def _restore(self) -> None:
         stats = self.restore_stats
@@ -335,24 +445,7 @@ class CacheSession:
             stats.seconds = time.perf_counter() - start
             return
         stats.objects_listed = len(listing)
-        outcomes = bounded_map(lambda item: self._fetch(store, *item), listing, deadline, FETCH_WORKERS)
-        results: list[Fetched] = []
-        failed = late = 0
-        for (folder, info), outcome in zip(listing, outcomes, strict=True):
-            if isinstance(outcome, StoreError):
-                failed += 1
-                if outcome.kind == "timeout":
-                    late += 1
-                else:
-                    self.problem(f"fetching {info.name}: {outcome}")
-                results.append(Fetched(folder, info, 0, None, None))
-            else:
-                results.append(outcome)
-        if late:  # one fault, one problem: not one per object the budget cut short
-            self.problem(f"restore: {late} of {len(listing)} objects were not fetched within the budget of the restore "
-                         f"({self.restore_timeout:g} s, --megacache-timeout); the session went on without them")
-        if failed and failed == len(listing):
-            self.store_down = True  # nothing came through: an upload would not either
+        results = self._fetch_all(store, listing, deadline)
         merged = Entries()
         # Oldest first (by the time each object records), so that a newer mutable artifact wins below.
         results.sort(key=lambda got: (got.header.created if got.header is not None else 0.0, got.info.name))
@@ -363,11 +456,14 @@ class CacheSession:
                 continue
             merged.merge(got.entries)
             stats.objects_used += 1
+            stats.raw_fetched += got.entries.raw_bytes()
             stats.folders[got.folder] = stats.folders.get(got.folder, 0) + 1
             self.restored_headers.append(got.header)
             if got.folder == self.folder:
                 self.restored_objects.append(got.info)
                 self.restored_own.merge(got.entries)
+                self.restored_held.append(_Held(got.info.name, got.header.created, got.entries, (got.header,)))
+        stats.raw_unique = merged.raw_bytes()
         if not self._commit():
             return  # abandoned: the session went on without this restore; write nothing now
         try:
@@ -612,7 +708,8 @@ class CacheSession:
     def finish(self, adapter: TorchAdapter | None, *,
                workers: Sequence[Mapping[str, Any]] = (), worker_entries: Entries | None = None,
                worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None = None) -> None:
-        """Record torch's counters, then upload what is new (this process's and its xdist workers')."""
+        """Record torch's counters, then upload what is new (this process's and its xdist workers'); with nothing
+        new, merge the objects of this scope when there are too many of them or they overlap (:meth:`needs_merge`)."""
         self.account(adapter, workers)
         if worker_entries is not None:
             # Workers sharing cache directories (the user chose them) each find the graphs the other workers
@@ -629,7 +726,7 @@ class CacheSession:
         if not self.writes:
             up.reason = "read-only mode"
             return
-        if not self.torch_stats.compiled and not self.roots and not worker_entries:
+        if not self.torch_stats.compiled and not self.roots and not worker_entries and not self.needs_merge():
             up.reason = "nothing was compiled"
             return
         if self.store_down:
@@ -640,6 +737,18 @@ class CacheSession:
             self._upload(adapter, worker_entries, worker_profiles)
         finally:
             up.seconds = time.perf_counter() - start
+
+    def own_units(self) -> list[_Held]:
+        """The objects of this scope the restore used, as compaction units (a whole group of parts is one)."""
+        return units(self.restored_held)[0]
+
+    def needs_merge(self) -> bool:
+        """Whether this scope's objects should be merged even with nothing new to store: more of them than
+        ``compact_after``, or the same entry in more than one (each later restore would fetch it again)."""
+        if not (self.reads and self.writes and self.restore_finished and self.restore_stats.ok):
+            return False
+        held = self.own_units()
+        return len(held) > self.compact_after or sum(len(h.entries) for h in held) > len(self.restored_own)
 
     def _upload(self, adapter: TorchAdapter | None, worker_entries: Entries | None,
                 worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None) -> None:
@@ -654,41 +763,51 @@ class CacheSession:
         up.session_entries = len(session)
         new = session.minus(self.restored)  # a profile that changed under its key counts as new
         up.new_entries = new.counts()
-        if not new:
+        merge_only = not new and self.needs_merge()
+        if not new and not merge_only:
             # Collecting and comparing what the session saved (a child process may have compiled even when
             # this one did not: the cache directories are looked at either way).
             up.reason = "nothing new" if self.torch_stats.compiled else "nothing was compiled"
             return
         up.attempted = True
-        compact = len(self.restored_objects) + 1 > self.compact_after
-        payload, blob = self._payload(new, compact)
-        if blob is None:
-            up.reason = "over the restore limits"
-            return
+        compact = merge_only or len(self.own_units()) + 1 > self.compact_after
+        payload = self.scrubbed(self.restored_own) if compact else Entries()
+        payload.merge(new)  # a changed profile replaces the restored one
         compact = compact and len(payload) > len(new)
         try:
             store = self._bounded_store(deadline)
-            name = new_object_name()
-            bounded(lambda: store.put(self.folder, name, blob), deadline, "upload")
+            stored = self._store_parts(store, deadline, payload, quiet=compact and bool(new))
+            if stored is None and compact and new:  # the merged whole cannot be stored: the new entries alone
+                self.notes.append("compaction skipped: the merged objects would be over the restore limits; "
+                                  "uploading the new entries alone and keeping every stored object")
+                compact, merge_only = False, False
+                stored = self._store_parts(store, deadline, new)
         except StoreError as exc:
             self._store_error("upload", exc)
             up.reason = "upload failed"
             return
-        up.objects, up.bytes, up.raw_bytes = 1, len(blob), payload.raw_bytes()
+        if stored is None:
+            up.reason = "over the restore limits"
+            return
+        mine, parts, stored_bytes = stored
+        if merge_only:
+            up.converged, up.merged_objects, up.merged_bytes = len(self.restored_held), parts, stored_bytes
+        else:
+            up.objects, up.bytes, up.raw_bytes = parts, stored_bytes, mine.entries.raw_bytes()
         if compact:
             try:
-                self._compact(store, deadline, _Held(name, bundlemod.decode_header(blob, self.limits)[0].created,
-                                                     payload), new)
+                self._compact(store, deadline, mine)
             except StoreError as exc:
                 self.notes.append(f"compaction stopped after {up.compacted + up.superseded} deletions ({exc}); "
                                   "what is left is merged next time")
             except Exception as exc:  # noqa: BLE001 - a cache bug must never fail the session
                 self.problem(f"compaction failed unexpectedly: {type(exc).__name__}: {redact_cut(str(exc))}")
 
-    def _compact(self, store: Store, deadline: Deadline, mine: _Held, new: Entries) -> None:
+    def _compact(self, store: Store, deadline: Deadline, mine: _Held) -> None:
         """After uploading ``mine``, the merged whole: delete what it covers, then take in what concurrent sessions
-        stored meanwhile, until the folder holds one merged object. Objects that share no entry with it (uploads
-        of other graphs) stay beside it: they duplicate nothing, and the next compaction merges them.
+        stored meanwhile, until the folder holds one merged object (or one group of parts). Objects that share no
+        entry with it (uploads of other graphs) stay beside it: they duplicate nothing, and the next compaction
+        merges them.
 
         No entry is lost: an object is deleted only after an object that covers it (:func:`_covers`) has been
         stored, and read back and validated (or written by this session). Covering is a strict order: the
@@ -697,7 +816,10 @@ class CacheSession:
         with the same entries, every session deletes the same one, the older, and two sessions can never delete
         each other's. Following who covered a deleted object, each step to a greater one, ends at an object that
         nobody deletes and that holds every entry of the chain. An object that fails validation or cannot be
-        read (its content unknown) is never deleted here and covers nothing.
+        read (its content unknown) is never deleted here and covers nothing. A group of parts (one merged whole
+        over the restore limits, written as several objects) is one unit in all of this: it covers, or is
+        deleted, only once every part of it is listed and read; a group with a part missing (being uploaded or
+        deleted) is neither, until it is stale.
 
         The folder settles: a session stores a merged object only before listing the folder again, so the
         session that lists last sees every merged object the others stored; it deletes those its own covers,
@@ -705,24 +827,23 @@ class CacheSession:
         with it. Listings are bounded (:data:`COMPACTION_ROUNDS`, then the next compaction goes on), and so is
         the time (the upload's deadline: a store operation cut short deletes nothing more)."""
         inputs = {info.name for info in self.restored_objects}
-        merged = mine.entries
-        # Each restored object holds only entries of ``restored_own``. With every one of them in ``mine`` and an
-        # entry more (a new one), ``mine`` covers each: delete them without reading them again. Otherwise (only a
-        # profile changed, or an entry was not copied) each one is read and compared below.
-        if all(e.ident in merged for e in self.restored_own) and any(
-                e.ident not in self.restored_own for e in new):
-            for name in sorted(inputs):
-                self._delete_object(store, deadline, name, inputs)
+        # What the restore read of this folder, the session's own: each that ``mine`` covers is deleted without
+        # being read again. The rest (a profile newer than the merged one, an entry not copied) is read and
+        # compared below with whatever else the folder holds.
+        for held in self.own_units():
+            if _covers(mine, held):
+                self._delete_unit(store, deadline, held, inputs)
         self._converge(store, deadline, mine, inputs)
 
-    def _delete_object(self, store: Store, deadline: Deadline, name: str, inputs: set[str],
-                       own: set[str] | None = None) -> None:
-        """Delete one object that a stored object covers (the caller checked); counted."""
-        bounded(lambda: store.delete(self.folder, name), deadline, "compaction")
-        if name in inputs:
-            self.upload_stats.compacted += 1
-        elif own is None or name not in own:
-            self.upload_stats.superseded += 1
+    def _delete_unit(self, store: Store, deadline: Deadline, held: _Held, inputs: set[str],
+                     own: set[str] | None = None) -> None:
+        """Delete the objects of one unit that a stored one covers (the caller checked); counted."""
+        for name in held.objects:
+            bounded(lambda n=name: store.delete(self.folder, n), deadline, "compaction")  # type: ignore[misc]
+            if name in inputs:
+                self.upload_stats.compacted += 1
+            elif own is None or name not in own:
+                self.upload_stats.superseded += 1
 
     def _read_held(self, store: Store, name: str) -> _Held | None:
         """An object of the write folder, read whole and validated as a restore validates it (its signature
@@ -731,19 +852,19 @@ class CacheSession:
         if blob is None:
             return None
         header, entries = bundlemod.decode(blob, self.fingerprint, self.limits, verify_keys=self.signing_keys)
-        return _Held(name, header.created, entries, header)
+        return _Held(name, header.created, entries, (header,))
 
     def _converge(self, store: Store, deadline: Deadline, mine: _Held, inputs: set[str]) -> None:
         """List the folder again; delete what the merged object covers, give way to an object that covers it,
         and merge the objects that share entries with it into a new one; until nothing is left to do, for
         :data:`COMPACTION_ROUNDS` listings at most."""
-        current, own = mine, {mine.name}
+        current, own = mine, set(mine.objects)
         seen: dict[str, _Held] = {}  # objects read so far (immutable: each is read once)
         left: set[str] = set()  # never deleted or merged here: unreadable, refused, or not copied whole
         for round_ in range(COMPACTION_ROUNDS):
             listing = bounded(lambda: store.list(self.folder), deadline, "compaction")
             unread = [info.name for info in listing if info.name not in seen and info.name not in left
-                      and info.name not in own and info.name != current.name]
+                      and info.name not in own and info.name not in current.objects]
             outcomes = bounded_map(lambda name: self._read_held(store, name), unread, deadline, FETCH_WORKERS,
                                    "compaction")
             for name, got in zip(unread, outcomes, strict=True):
@@ -754,14 +875,16 @@ class CacheSession:
                 elif got is not None:
                     seen[name] = got
             listed = {info.name for info in listing}
-            peers = [held for name, held in seen.items() if name in listed and name not in left and name != current.name]
+            peers, _pending = units([held for name, held in seen.items()
+                                     if name in listed and name not in left and name not in current.objects])
+            peers = [p for p in peers if not left.intersection(p.objects)]
             # An object that covers the current one: the current one goes, and that one is carried on with.
             while (cover := max((p for p in peers if _covers(p, current)), key=_Held.order, default=None)) is not None:
-                self._delete_object(store, deadline, current.name, inputs, own)
+                self._delete_unit(store, deadline, current, inputs, own)
                 peers.remove(cover)
                 current = cover
             for peer in [p for p in peers if _covers(current, p)]:
-                self._delete_object(store, deadline, peer.name, inputs, own)
+                self._delete_unit(store, deadline, peer, inputs, own)
                 peers.remove(peer)
             # What is left and shares entries with the current one (concurrent merges, uploads of the same
             # graphs) is merged; an object of entries the current one lacks altogether stays as it is.
@@ -775,48 +898,37 @@ class CacheSession:
 
     def _merge_held(self, store: Store, deadline: Deadline, current: _Held, peers: list[_Held], inputs: set[str],
                     own: set[str], left: set[str]) -> _Held | None:
-        """One object holding ``current`` and ``peers`` (merged oldest first: the newest profile wins), stored;
-        then each of them that it covers deleted. None when there is nothing such an object could replace, or it
-        may not be written (over the restore limits)."""
+        """One object (or one group of parts) holding ``current`` and ``peers`` (merged oldest first: the newest
+        profile wins), stored; then each of them that it covers deleted. None when there is nothing such an object
+        could replace, or it may not be written."""
         union = Entries()
         for held in sorted([current, *peers], key=lambda h: h.rank):
             union.merge(held.entries)
         union = self.scrubbed(union)  # as what the session merged: no entry holding a secret's value is copied
         taken = [p for p in peers if all(e.ident in union for e in p.entries)]
-        left.update(p.name for p in peers if p not in taken)
+        left.update(name for p in peers if p not in taken for name in p.objects)
         if not taken or not all(e.ident in union for e in current.entries):
             return None
-        signing_key = self.signing_keys[0] if self.signing_keys else None
-        try:
-            blob = bundlemod.encode(union, self.fingerprint, extra=self._merged_meta(union, [current, *taken]),
-                                    signing_key=signing_key)
-        except (ValueError, BundleError) as exc:
-            self.notes.append(f"objects of concurrent sessions not merged: {redact_cut(str(exc))}")
+        stored = self._store_parts(store, deadline, union, [current, *taken])
+        if stored is None:
             return None
-        why = self._over_limits(blob)
-        if why is not None:
-            self.notes.append(f"{len(taken)} object(s) of concurrent sessions stay beside the merged one: merging "
-                              f"them would be over the restore limits ({why})")
-            return None
-        name = new_object_name()
-        bounded(lambda: store.put(self.folder, name, blob), deadline, "compaction")
-        own.add(name)
-        self.upload_stats.remerged += 1
-        self.upload_stats.remerged_bytes += len(blob)
-        merged = _Held(name, bundlemod.decode_header(blob, self.limits)[0].created, union)
+        merged, parts, stored_bytes = stored
+        own.update(merged.objects)
+        self.upload_stats.remerged += parts
+        self.upload_stats.remerged_bytes += stored_bytes
         for held in [current, *taken]:
             if _covers(merged, held):
-                self._delete_object(store, deadline, held.name, inputs, own)
+                self._delete_unit(store, deadline, held, inputs, own)
             else:  # a newer profile in it (a clock ahead of this one): it stays rather than being merged again
-                left.add(held.name)
+                left.update(held.objects)
         return merged
 
     def _merged_meta(self, entries: Entries, sources: Sequence[_Held]) -> dict[str, object]:
         """The header fields of a merged object: this session's, with the cold compile seconds that the merged
         objects recorded for the entries it holds."""
         table = self.cold_seconds(entries)
-        for held in sources:
-            recorded = held.header.extra.get("cold_seconds") if held.header is not None else None
+        for header in (h for held in sources for h in held.headers):
+            recorded = header.extra.get("cold_seconds")
             if not isinstance(recorded, dict):
                 continue
             for artifact, value in recorded.items():
@@ -845,30 +957,77 @@ class CacheSession:
                          f"{', '.join(sorted(dropped))}, which may be a secret")
         return out
 
-    def _payload(self, new: Entries, compact: bool) -> tuple[Entries, bytes | None]:
-        """What to upload: ``new``, merged with what this scope's objects hold when compacting. An object that
-        a restore would refuse (over :class:`Limits`) is never written: a compaction that would be is not done
-        (its inputs stay), and new entries over the limits on their own are not uploaded."""
+    def _store_parts(self, store: Store, deadline: Deadline, payload: Entries, sources: Sequence[_Held] | None = None,
+                     quiet: bool = False) -> tuple[_Held, int, int] | None:
+        """Store ``payload`` as objects a restore accepts (under :class:`Limits`): one, or several parts of one group
+        (split by entry, never inside one; :data:`PART_FIELD` in each header), each encoded, stored and let go
+        before the next is encoded. An entry over the limits on its own is not stored (a problem names how many).
+        Returns what was stored as one unit, the number of objects and their bytes; None when nothing was (said as a
+        problem unless ``quiet``: the caller tries something else). A part
+        that fails to store stops the rest (StoreError): those stored are an unfinished group, which no compaction
+        deletes or counts on until it is stale (:func:`units`)."""
         signing_key = self.signing_keys[0] if self.signing_keys else None
-        for merged in [True, False] if compact else [False]:
-            payload = self.scrubbed(self.restored_own) if merged else Entries()
-            payload.merge(new)  # a changed profile replaces the restored one
-            try:
-                blob = bundlemod.encode(payload, self.fingerprint, extra=self.upload_meta(payload),
-                                        signing_key=signing_key)
-            except (ValueError, BundleError) as exc:  # a header a decoder would refuse: never written
-                self.problem(f"not uploading: {redact_cut(str(exc))}")
-                return new, None
-            why = self._over_limits(blob)
-            if why is None:
-                return payload, blob
-            if merged:
-                self.notes.append(f"compaction skipped: the merged object would be over the restore limits ({why}); "
-                                  "uploading the new entries alone and keeping every stored object")
-            else:
-                self.problem(f"not uploading {len(new)} new entries: the object would be over the restore limits "
-                             f"({why}), so no session could restore it")
-        return new, None
+        budget = min(self.limits.max_raw_bytes, self.limits.max_object_bytes) - 8  # 8: the payload's own head
+        todo: list[list[Entry]] = []
+        chunk: list[Entry] = []
+        size = 0
+        too_big: list[str] = []
+        for entry in payload:
+            cost = bundlemod.encoded_size(entry)
+            if cost > budget:
+                too_big.append(f"{entry.kind}:{entry.name[:80]} ({cost} bytes)")
+                continue
+            if chunk and (size + cost > budget or len(chunk) >= self.limits.max_entries):
+                todo.append(chunk)
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += cost
+        if chunk:
+            todo.append(chunk)
+        todo.reverse()
+        group = new_object_name() if len(todo) > 1 else None
+        names: list[str] = []
+        stored = Entries()
+        created: list[float] = []
+        total = 0
+        try:
+            while todo:
+                chunk = todo.pop()
+                entries = Entries(chunk)
+                extra = self._merged_meta(entries, sources) if sources is not None else self.upload_meta(entries)
+                if group is not None:
+                    extra[PART_FIELD] = {"group": group, "index": len(names),
+                                         **({} if todo else {"count": len(names) + 1})}
+                blob = bundlemod.encode(entries, self.fingerprint, extra=extra, signing_key=signing_key)
+                why = self._over_limits(blob)
+                if why is not None:
+                    if len(chunk) == 1:
+                        too_big.append(f"{chunk[0].kind}:{chunk[0].name[:80]} ({why})")
+                        if not todo and names:
+                            todo.append([])  # the group's last part, empty: it says how many parts there are
+                    else:  # compressed, it is still over: in two halves, as parts of a group
+                        todo.extend([chunk[len(chunk) // 2:], chunk[:len(chunk) // 2]])
+                        group = group or new_object_name()
+                    continue
+                name = new_object_name()
+                bounded(lambda: store.put(self.folder, name, blob), deadline, "upload")  # noqa: B023 - waited for here
+                names.append(name)
+                stored.merge(entries)
+                created.append(bundlemod.decode_header(blob, self.limits)[0].created)
+                total += len(blob)
+                del blob
+        except (ValueError, BundleError) as exc:  # a header a decoder would refuse: never written
+            self.problem(f"not uploading: {redact_cut(str(exc))}")
+            return None
+        finally:
+            if too_big and not (quiet and not names):
+                self.problem(f"not storing {plural_entries(len(too_big))}: each alone would be over the restore "
+                             f"limits, so no session could restore it: {'; '.join(too_big[:3])}")
+        if not names:
+            return None
+        if group is None:
+            return _Held(names[0], created[0], stored), 1, total
+        return _Held(group, min(created), stored, (), tuple(names)), len(names), total
 
     def _over_limits(self, blob: bytes) -> str | None:
         """Why a restore would refuse ``blob`` for its size, or None."""
@@ -877,6 +1036,10 @@ class CacheSession:
         except BundleError as exc:
             return str(exc)
         return None
+
+
+def plural_entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
 def without_torch_twins(entries: Entries, restored: Entries) -> Entries:

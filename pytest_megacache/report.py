@@ -30,6 +30,8 @@ class RestoreStats:
     objects_used: int = 0
     objects_rejected: int = 0
     bytes_fetched: int = 0
+    raw_fetched: int = 0  # what the objects used hold, decompressed
+    raw_unique: int = 0  # of that, each entry counted once (what overlapping objects hold twice, once)
     folders: dict[str, int] = field(default_factory=dict)  # objects used per folder (scope)
     entries: dict[str, int] = field(default_factory=dict)
     files_written: int = 0
@@ -102,6 +104,9 @@ class UploadStats:
     superseded: int = 0
     remerged: int = 0  # further merged objects uploaded to take those in
     remerged_bytes: int = 0
+    converged: int = 0  # objects a session that had nothing new to upload merged into one (or a few parts)
+    merged_objects: int = 0  # the objects that merge wrote
+    merged_bytes: int = 0
     files_skipped: list[str] = field(default_factory=list)
     profiles_merged: int = 0  # dynamic-shape profiles that xdist workers grew apart, merged as torch does
     seconds: float = 0.0
@@ -398,6 +403,9 @@ def _restore_lines(r: RestoreStats, verbose: int, xd: XdistStats | None = None) 
              + (f" ({r.files_present} already there)" if r.files_present else "")
              + (f", {len(r.files_refused)} refused" if r.files_refused else "")
              + (f", {r.objects_rejected} objects refused" if r.objects_rejected else "")]
+    if r.raw_fetched > r.raw_unique:
+        lines.append(f"the objects overlap: {human_bytes(r.raw_fetched)} raw fetched for {human_bytes(r.raw_unique)} "
+                     f"of distinct entries ({human_bytes(r.raw_fetched - r.raw_unique)} held more than once)")
     if verbose > 0 and r.folders:
         lines.append("  from " + ", ".join(f"{folder} ({n})" for folder, n in r.folders.items()))
     if r.why_miss:
@@ -527,6 +535,10 @@ def _upload_lines(up: UploadStats, verbose: int, triton: TritonStats | None = No
                  + (f"; {plural(up.superseded, 'object')} of concurrent sessions merged" if up.superseded else "")
                  + (f" ({plural(up.remerged, 'more merged upload')}, {human_bytes(up.remerged_bytes)})"
                     if up.remerged else "")]
+    elif up.converged:
+        lines = [f"uploaded nothing new; merged the store's {plural(up.converged, 'object')} into "
+                 f"{plural(up.merged_objects, 'object')} ({human_bytes(up.merged_bytes)}) in {up.seconds:.2f} s"
+                 + (f"; {plural(up.superseded, 'object')} of concurrent sessions merged" if up.superseded else "")]
     else:
         reason = up.reason
         if reason == "nothing was compiled" and triton is not None and (triton.hits or triton.compiled):

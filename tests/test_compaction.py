@@ -271,7 +271,7 @@ def test_an_object_holding_a_secret_of_this_environment_is_neither_copied_nor_de
     assert "DEPLOY_TOKEN" in problem and secret not in problem
 
 
-def test_a_merge_over_the_restore_limits_is_not_written(tmp_path: Path) -> None:
+def test_a_merge_over_the_restore_limits_is_written_as_one_group_of_parts(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path / "store")
     inputs = seed(store)
 
@@ -286,9 +286,21 @@ def test_a_merge_over_the_restore_limits_is_not_written(tmp_path: Path) -> None:
     new = [[key(f"{i + 1}", 0)] for i in range(K)]
     finish_together(sessions, [Big(keys) for keys in new])
     stored = contents(store)
-    assert len(stored) == K and all(info.size <= limits.max_object_bytes for info in store.list(FOLDER))
+    assert all(info.size <= limits.max_object_bytes for info in store.list(FOLDER))
     assert set().union(*map(names, stored.values())) == inputs | {k for keys in new for k in keys}
-    assert all(any("over the restore limits" in n for n in s.notes) and not s.problems for s in sessions)
+    # One merged whole, in parts of one group: no entry in two objects.
+    assert sum(len(e) for e in stored.values()) == len(inputs) + K
+    groups = {part_field(store, name)["group"] for name in stored}
+    assert len(groups) == 1 and len(stored) == K  # each part holds one of the large entries
+    assert all(not s.problems for s in sessions)
+
+
+def part_field(store: Store, name: str) -> dict[str, Any]:
+    blob = store.get(FOLDER, name, 1 << 30)
+    assert blob is not None
+    doc = bundlemod.decode_header(blob)[0].extra["part"]
+    assert isinstance(doc, dict)
+    return doc
 
 
 class Profiling(FakeTorch):

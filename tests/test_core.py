@@ -313,7 +313,13 @@ def test_a_changed_dynamic_shape_profile_is_uploaded_and_the_newest_wins(tmp_pat
     assert (("pgo", "job1", b"dynamic-v1") in second.loaded[0])  # the current profile, not the first record
     third_session, third = go("three", b"dynamic-v2")
     assert ("pgo", "job1", b"dynamic-v2") in third.loaded[0]  # the newer object's profile replaced the older
-    assert third_session.upload_stats.reason == "nothing new"
+    # Nothing new, but the two objects hold the profile each: merged into one that holds the newer one.
+    assert third_session.upload_stats.new_entries == {} and third_session.upload_stats.converged == 2
+    [(blob, _when)] = store.objects.values()
+    profile = bundlemod.decode(blob, FP)[1].get(("torch/pgo", "job1"))
+    assert profile is not None and profile.data == b"dynamic-v2"
+    _, fourth = go("four", b"dynamic-v2")
+    assert fourth.loaded[0] == third.loaded[0] and len(store.objects) == 1
 
 
 # --- xdist workers' copies of a dynamic-shape profile ------------------------------------------------
