@@ -4,7 +4,8 @@ session, torch's own compile timings summed into the seconds Dynamo spent, writt
 
 Dynamo's seconds: every compile attempt (``compile_attempt_N``, which holds tracing, guard building and the backend
 call) less the backend call (``OutputGraph.call_user_compiler``), plus the guards built and loaded for entries
-installed from Dynamo reuse (``precompile_load_guards``, ``precompile_build_guards``)."""
+installed from Dynamo reuse (``precompile_load_guards``, ``precompile_build_guards``). ``torch._dynamo.reset()``
+clears torch's timings, so they are added up after every test (and cleared here, so none counts twice)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,27 @@ def dynamo_seconds(metrics: dict[str, list[float]]) -> dict[str, float]:
             "build_guards": sum(metrics.get("build_guards", []))}
 
 
+_TOTALS: dict[str, list[float]] = {}
+
+
+def _collect() -> None:
+    metrics = getattr(sys.modules.get("torch._dynamo.utils"), "compilation_time_metrics", None)
+    if not metrics:
+        return
+    for key, values in metrics.items():
+        _TOTALS.setdefault(str(key), []).extend(float(v) for v in values)
+    metrics.clear()
+
+
+def pytest_runtest_logfinish() -> None:
+    _collect()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     out = os.environ.get("MEGACACHE_BENCH_DYNAMO_OUT")
-    utils = sys.modules.get("torch._dynamo.utils")
     if not out:
         return
-    metrics = getattr(utils, "compilation_time_metrics", None) or {}
+    _collect()
     with open(out, "w") as fh:
-        json.dump(dynamo_seconds({str(k): [float(x) for x in v] for k, v in metrics.items()}), fh)
+        json.dump(dynamo_seconds(_TOTALS), fh)

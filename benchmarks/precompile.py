@@ -164,22 +164,22 @@ DYNAMO_HELPERS = textwrap.dedent(
         return {key: value * k + 1 for key, value in d.items()}
 
 
-    def mixed(d):
-        out = dict(d)
-        out["a"] = torch.sin(d["a"]) + d["b"]
-        out["c"] = torch.cos(d["c"]) * out["a"]
-        return out
+    def rotate(d):
+        keys, values = list(d), list(d.values())
+        return {keys[n]: torch.sin(values[n - 1]) + values[n] for n in range(len(values))}
     """
 )
 
+# Each function is its own code (its own dict keys), so Dynamo traces each; the tensor work is one of two graphs
+# (by j), so Inductor builds two kernels in all and a cold run is not mostly C++ builds.
 DYNAMO_TEST = textwrap.dedent(
     """
     def fn_{i}_{j}(x):
-        d = {{"a": x, "b": x + {i}, "c": x * {j}}}
-        for k in range(4):
-            d = helpers.mixed(helpers.scaled(d, 0.5 + 0.01 * (k + {i})))
+        d = {{"a{i}": x, "b{i}": x + 1, "c{i}_{j}": x * 2}}
+        for k in range({j} + 2):
+            d = helpers.rotate(helpers.scaled(d, 0.5))
             if k % 2:
-                d["b"] = d["b"] - d["c"] / (1 + {j})
+                d["b{i}"] = d["b{i}"] - 1
         return sum(d.values())
     """
 )

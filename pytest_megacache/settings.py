@@ -148,9 +148,10 @@ OPTIONS: tuple[Option, ...] = (
            "choice", "auto (default): one Inductor compile thread when the restored cache is expected to "
                      "cover the session, sparing its worker pool; keep: torch's default."),
     Option("precompile", "--megacache-precompile", "MEGACACHE_PRECOMPILE", "megacache_precompile", "bool",
-           "Experimental: turn on torch's caching precompile (Dynamo) and carry its artifacts; it broke training-step "
-           "tests on torch 2.11 and 2.13, and torch keys its entries by function name and line only "
-           "(docs/benchmarks.md). Off by default."),
+           "Opt-in: reuse Dynamo's traced work for unchanged code (torch's caching precompile behind the plugin's "
+           "checks: entries keyed by the code itself, every live guard kept, identity guards on globals proven at "
+           "load, each frame failing open). Ignored, with a warning, on a torch release it was not checked on "
+           "(docs/what-is-cached.md). Off by default."),
     Option("eager_backward", "--megacache-eager-backward", "MEGACACHE_EAGER_BACKWARD", "megacache_eager_backward",
            "bool", "Opt-in: compile each AOTAutograd backward together with its forward (torch's functorch "
                    "force_non_lazy_backward_lowering), so that a graph whose inputs require grad is stored even when "
