@@ -572,6 +572,11 @@ class CacheSession:
             hits = [a for a in map(_ident, record["artifacts"]) if a in restored_torch]
             record["seconds_saved"] = round(sum(cold.get(a, 0.0) for a in hits), 3)
             used.update(hits)
+        if adapter is not None:
+            # Dynamo reuse installs entries when torch.compile() wraps a function, outside any compile: every entry
+            # this process installed, whichever test (or import) wrapped it
+            used.update(a for a in (_ident(f"{kind}:{key}") for kind, key in adapter.seen_artifacts()
+                                    if kind == "precompile") if a in restored_torch)
         ts.seconds_saved = round(sum(cold.get(a, 0.0) for a in used), 3)
         for kind, count in self.restored.counts().items():
             if kind.startswith(bundlemod.TORCH_PREFIX):

@@ -391,12 +391,19 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     @functools.wraps(serialize)
     def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
         proofs = []
+        builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
         try:
             scope = builder.scope["G"]
             for guard in sorted_guards:
                 kinds = {guard.create_fn_name(), *(tuple(guard.guard_types) if guard.guard_types else ())}
                 if kinds & PROVABLE_GUARDS:
-                    proofs.append(prove(guard.name, builder.get(guard), scope))
+                    proof = prove(guard.name, builder.get(guard), scope)
+                    proofs.append(proof)
+                    steps = proof["path"]
+                    if builtins_name and steps[0] == ("global", builtins_name) and len(steps) > 1:
+                        # torch stores only the builtins its BUILTIN_MATCH guards name; a proven identity guard
+                        # on a builtin needs it in the stored scope too, where the guard is rebuilt on load
+                        self.used_builtin_vars.add(steps[1][1])
         except Refused as exc:
             state.refuse(exc.reason, str(exc))
             raise torch._dynamo.exc.PackageError(str(exc)) from None
@@ -495,6 +502,12 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         if self.__dict__.pop("_megacache_fresh", False):
             return
         modules = [sys.modules.get(entry.python_module) for entry in list(self._codes.values())]
+        eval_frame = torch._dynamo.eval_frame
+        skip_code = eval_frame.skip_code
+        # torch marks the code of a stored entry without compiled variants as never to be compiled (meant for frames
+        # whose graph was empty): such a frame, a resume function never reached when it was traced say, would then
+        # run eagerly where a run without the option compiles it. Dynamo traces it as usual instead.
+        eval_frame.skip_code = _no_skip
         try:
             install_package(self, backends)
         except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
@@ -507,11 +520,19 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
                 initialize(self, fn, None, False)
                 _advance_unique_ids(bytecode_transformation, modules)
             return
+        finally:
+            eval_frame.skip_code = skip_code
         state.count("dynamo_reused")
         _advance_unique_ids(bytecode_transformation, modules)
         _record_used(torch, cache, self)
 
     CompilePackage.install = install_or_fresh
+
+    # AOTAutograd's cache under caching precompile: torch 2.13 puts the compiled function's per-process name
+    # (``__compiled_fn_<n>_<uuid>``) into the entry's key, so no entry ever hits, in the run that stored it or a
+    # later one, and every traced frame pays AOTAutograd in full. The key is computed as 2.12 computes it, without
+    # that name: torch stores the entry without it and names the hit after the current frame's function.
+    _key_without_backend_id(torch)
 
     # Saving: one entry that does not pickle costs that entry only.
     write = cache.write
@@ -523,6 +544,34 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}"[:200])
 
     cache.write = write_each
+
+
+def _key_without_backend_id(torch: Any) -> None:
+    try:
+        import torch._functorch._aot_autograd.autograd_cache as autograd_cache
+    except Exception:  # noqa: BLE001 - another layout: nothing to change
+        return
+    pickler = getattr(autograd_cache, "AOTAutogradCachePickler", None)
+    reduce = getattr(pickler, "_reduce_aot_config", None)
+    if pickler is None or reduce is None:
+        return
+
+    @functools.wraps(reduce)
+    def reduce_aot_config(self: Any, aot_config: Any) -> Any:
+        backend_id = getattr(aot_config, "precompile_backend_id", None)
+        if backend_id is None:
+            return reduce(self, aot_config)
+        object.__setattr__(aot_config, "precompile_backend_id", None)  # a frozen dataclass
+        try:
+            return reduce(self, aot_config)
+        finally:
+            object.__setattr__(aot_config, "precompile_backend_id", backend_id)
+
+    pickler._reduce_aot_config = reduce_aot_config
+
+
+def _no_skip(*_args: Any, **_kwargs: Any) -> None:
+    return None
 
 
 def _record_used(torch: Any, cache: Any, pkg: Any) -> None:
