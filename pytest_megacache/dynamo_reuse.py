@@ -533,6 +533,11 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # later one, and every traced frame pays AOTAutograd in full. The key is computed as 2.12 computes it, without
     # that name: torch stores the entry without it and names the hit after the current frame's function.
     _key_without_backend_id(torch)
+    # With caching precompile torch bundles every AOTAutograd entry with its compiled code, and asserts when a
+    # graph's code is not Inductor's output (seen on an H100 training step: "expected OutputCode, got method"), which
+    # fails the test. Such a graph gets no entry (as without the option, where it has no FX-graph key to store);
+    # its frame has no stored backend then, and is traced in a later run.
+    _bundling_fails_open(state)
 
     # Saving: one entry that does not pickle costs that entry only.
     write = cache.write
@@ -544,6 +549,35 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}"[:200])
 
     cache.write = write_each
+
+
+def _bundling_fails_open(state: _Reuse) -> None:
+    try:
+        import torch._functorch._aot_autograd.autograd_cache as autograd_cache
+    except Exception:  # noqa: BLE001 - another layout: nothing to change
+        return
+    cache = getattr(autograd_cache, "AOTAutogradCache", None)
+    bundling = getattr(autograd_cache, "should_bundle_autograd_cache", None)
+    if cache is None or bundling is None or not hasattr(cache, "make_entry") or not hasattr(cache, "save"):
+        return
+    make_entry, save = cache.make_entry, cache.save
+
+    @functools.wraps(make_entry)
+    def make_entry_or_none(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return make_entry(*args, **kwargs)
+        except Exception as exc:
+            if not autograd_cache.should_bundle_autograd_cache():
+                raise
+            state.refuse("torch_error", f"AOTAutograd entry not bundled: {type(exc).__name__}: {exc}"[:200])
+            return None
+
+    @functools.wraps(save)
+    def save_entry(key: Any, entry: Any, *args: Any, **kwargs: Any) -> Any:
+        return None if entry is None else save(key, entry, *args, **kwargs)
+
+    cache.make_entry = staticmethod(make_entry_or_none)
+    cache.save = staticmethod(save_entry)
 
 
 def _key_without_backend_id(torch: Any) -> None:
