@@ -131,14 +131,8 @@ def code_digest(code: types.CodeType) -> str:
 
 
 def _function_of(fn: Any) -> Any:
-    """The plain function behind a wrapper, a bound method or an ``nn.Module``'s forward."""
-    seen = 0
-    while seen < 32:
-        seen += 1
-        inner = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
-        if inner is None or inner is fn:
-            break
-        fn = inner
+    """The plain function behind a bound method (an ``nn.Module``'s forward); ``fn`` is what torch's
+    ``innermost_fn`` returned, the function whose code Dynamo caches on."""
     return getattr(fn, "__func__", fn)
 
 
@@ -154,7 +148,8 @@ def _relative_file(filename: str, rootdir: str) -> str:
 
 
 def source_id(fn: Any, rootdir: str) -> str:
-    """The entry id of a compiled function: module, path relative to the rootdir, qualname, first line, code."""
+    """The entry id of a compiled function (as torch's ``innermost_fn`` gives it): module, path relative to the
+    rootdir, qualname, first line, code."""
     func = _function_of(fn)
     code = func.__code__
     h = hashlib.sha256(_ID_PREFIX)
@@ -296,7 +291,10 @@ class _Reuse:
 
     def refuse(self, reason: str, detail: str) -> None:
         self.count(f"dynamo_refused_{reason}")
-        self.reasons.setdefault(reason, detail)
+        if reason not in self.reasons:
+            from .errors import redact_cut  # light: no torch
+
+            self.reasons[reason] = redact_cut(detail, 200)
 
 
 _STATE: _Reuse | None = None
@@ -362,7 +360,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     config = torch._dynamo.config
 
     # 1. Keys are the code.
-    CompilePackage.source_id_from_fn = staticmethod(lambda fn: source_id(fn, state.rootdir))
+    innermost_fn = torch._dynamo.eval_frame.innermost_fn
+    CompilePackage.source_id_from_fn = staticmethod(lambda fn: source_id(innermost_fn(fn), state.rootdir))
 
     # 2. Guards stay whole: the live guard manager is built as without caching precompile (torch drops identity
     # guards from it when the flag is on); what is stored carries proofs for the identity guards.
@@ -462,7 +461,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         if result is None:
             return None
         try:
-            func = _function_of(fn)
+            func = _function_of(innermost_fn(fn))
             main = result.dynamo.codes[0]
             if main.python_module != getattr(func, "__module__", None):
                 raise Refused("collision", f"an entry of {main.python_module} for {func.__module__}")

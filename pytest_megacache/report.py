@@ -172,6 +172,8 @@ class TorchStats:
     # run by torch ("run"), markers written ("recorded")
     isa_checks: dict[str, int] = field(default_factory=dict)
     triton: TritonStats | None = None  # Triton's kernels loaded from its cache vs compiled; None: none of either
+    # --megacache-precompile: the first detail seen per refusal reason (dynamo_reuse), e.g. which guard was unprovable
+    dynamo_refusals: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
@@ -180,10 +182,11 @@ class TorchStats:
                      "artifacts": [f"{typ}:{key}" for typ, key in t.artifacts]}
             for nodeid, t in adapter.per_test.items()
         }
-        from . import isaprobe
+        from . import dynamo_reuse, isaprobe
 
         return cls(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds, adapter.counters(), per_test,
-                   isa_checks={k: v for k, v in isaprobe.counts().items() if v})
+                   isa_checks={k: v for k, v in isaprobe.counts().items() if v},
+                   dynamo_refusals=dynamo_reuse.refusal_reasons())
 
     def add(self, other: Mapping[str, Any]) -> None:
         """Fold in another process's stats (an xdist worker's, as a dict)."""
@@ -198,6 +201,8 @@ class TorchStats:
             self.other_processes[str(layer)] = self.other_processes.get(str(layer), 0) + int(n)
         for name, n in dict(other.get("isa_checks", {})).items():
             self.isa_checks[str(name)] = self.isa_checks.get(str(name), 0) + int(n)
+        for reason, detail in dict(other.get("dynamo_refusals", {})).items():
+            self.dynamo_refusals.setdefault(str(reason), str(detail))
         if isinstance(other.get("triton"), dict):
             theirs = TritonStats.from_dict(other["triton"])
             if self.triton is None:
