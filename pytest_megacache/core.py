@@ -575,7 +575,7 @@ class CacheSession:
         if adapter is not None:
             # Dynamo reuse installs entries when torch.compile() wraps a function, outside any compile: every entry
             # this process installed, whichever test (or import) wrapped it
-            used.update(a for a in (_ident(f"{kind}:{key}") for kind, key in adapter.seen_artifacts()
+            used.update(a for a in (_ident(f"{kind}:{key}") for kind, key in TorchAdapter.seen_artifacts()
                                     if kind == "precompile") if a in restored_torch)
         ts.seconds_saved = round(sum(cold.get(a, 0.0) for a in used), 3)
         for kind, count in self.restored.counts().items():

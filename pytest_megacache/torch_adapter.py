@@ -282,9 +282,10 @@ class TorchAdapter:
         cache = sys.modules.get("torch.compiler._cache")
         return getattr(getattr(cache, "CacheArtifactManager", None), "_seen_artifacts", None) or ()
 
-    def seen_artifacts(self) -> list[tuple[str, str]]:
-        """(type, key) of every artifact torch recorded in this process so far."""
-        return self._seen()
+    @classmethod
+    def seen_artifacts(cls) -> list[tuple[str, str]]:
+        """(type, key) of every artifact torch recorded in this process so far (none where torch is not imported)."""
+        return cls._seen()
 
     @classmethod
     def _seen(cls) -> list[tuple[str, str]]:
