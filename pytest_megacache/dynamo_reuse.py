@@ -46,8 +46,10 @@ import sys
 import types
 from typing import Any
 
-# Minor releases whose caching-precompile internals these wrappers were written against and checked on.
-CHECKED_RELEASES = ("2.13",)
+# Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
+# chain of code edits against eager): 2.11 on an H100 host, 2.13 and 2.14 on CPU. 2.12 and 2.15 have the same
+# pieces but were not run; 2.7 to 2.10 have other ones.
+CHECKED_RELEASES = ("2.11", "2.13", "2.14")
 # Identity guards kept and proven (torch 2.13 refuses to serialize them, or drops them from the live guards).
 PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "CLASS_MATCH",
                              "BUILTIN_MATCH"})
