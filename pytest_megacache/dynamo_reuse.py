@@ -533,7 +533,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # (``__compiled_fn_<n>_<uuid>``) into the entry's key, so no entry ever hits, in the run that stored it or a
     # later one, and every traced frame pays AOTAutograd in full. The key is computed as 2.12 computes it, without
     # that name: torch stores the entry without it and names the hit after the current frame's function.
-    _key_without_backend_id(torch)
+    _key_without_backend_id()
     # With caching precompile torch bundles every AOTAutograd entry with its compiled code, and asserts when a
     # graph's code is not Inductor's output (seen on an H100 training step: "expected OutputCode, got method"), which
     # fails the test. Such a graph gets no entry (as without the option, where it has no FX-graph key to store);
@@ -552,11 +552,17 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     cache.write = write_each
 
 
-def _bundling_fails_open(state: _Reuse) -> None:
+def _autograd_cache() -> Any:
+    """torch's AOTAutograd cache module, or None where it has another layout (then nothing of it is changed)."""
     try:
         import torch._functorch._aot_autograd.autograd_cache as autograd_cache
-    except Exception:  # noqa: BLE001 - another layout: nothing to change
-        return
+    except Exception:  # noqa: BLE001
+        return None
+    return autograd_cache
+
+
+def _bundling_fails_open(state: _Reuse) -> None:
+    autograd_cache = _autograd_cache()
     cache = getattr(autograd_cache, "AOTAutogradCache", None)
     bundling = getattr(autograd_cache, "should_bundle_autograd_cache", None)
     if cache is None or bundling is None or not hasattr(cache, "make_entry") or not hasattr(cache, "save"):
@@ -581,12 +587,8 @@ def _bundling_fails_open(state: _Reuse) -> None:
     cache.save = staticmethod(save_entry)
 
 
-def _key_without_backend_id(torch: Any) -> None:
-    try:
-        import torch._functorch._aot_autograd.autograd_cache as autograd_cache
-    except Exception:  # noqa: BLE001 - another layout: nothing to change
-        return
-    pickler = getattr(autograd_cache, "AOTAutogradCachePickler", None)
+def _key_without_backend_id() -> None:
+    pickler = getattr(_autograd_cache(), "AOTAutogradCachePickler", None)
     reduce = getattr(pickler, "_reduce_aot_config", None)
     if pickler is None or reduce is None:
         return

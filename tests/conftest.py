@@ -18,6 +18,7 @@ import pytest
 from demo.local_s3 import S3_ENV as S3_ENV
 from demo.local_s3 import LocalS3
 from demo.local_s3 import free_port as free_port
+from pytest_megacache.stores import LocalDirStore, S3Store, Store
 
 pytest_plugins = ["pytester"]
 
@@ -170,3 +171,13 @@ def load_benchmark(filename: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses resolve their module by name
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(params=["dir", "s3"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """One store that several sessions share: the directory store, then moto's S3 server."""
+    if request.param == "dir":
+        yield LocalDirStore(tmp_path / "store")
+        return
+    server: S3Server = request.getfixturevalue("s3_server")
+    yield S3Store(server.create_bucket(), server.client())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,8 @@ from pytest_megacache.bundle import Entries, Entry, Limits
 from pytest_megacache.core import CacheSession
 from pytest_megacache.errors import StoreError
 from pytest_megacache.report import _upload_lines
-from pytest_megacache.stores import LocalDirStore, ObjectInfo, S3Store, Store, Walk, new_object_name
+from pytest_megacache.stores import LocalDirStore, ObjectInfo, Store, Walk, new_object_name
 
-from .conftest import S3Server
 from .test_core import FOLDER, FP, FakeTorch
 
 K = 4  # sessions compacting at once
@@ -89,15 +88,6 @@ class Overlapping:
         self.inner.delete(folder, name)
 
 
-@pytest.fixture(params=["dir", "s3"])
-def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "dir":
-        yield LocalDirStore(tmp_path / "store")
-        return
-    server: S3Server = request.getfixturevalue("s3_server")
-    yield S3Store(server.create_bucket(), server.client())
-
-
 def seed(store: Store, n: int = INPUTS, signing_key: bytes | None = None) -> set[str]:
     """``n`` objects of one entry each (as ``n`` earlier sessions left them); their keys."""
     keys = set()
@@ -113,15 +103,20 @@ def session(store: Store, compact_after: int = INPUTS, **kw: Any) -> CacheSessio
                         writes=True, compact_after=compact_after, **kw)
 
 
-def finish_together(sessions: list[CacheSession], torches: list[FakeTorch]) -> None:
-    """Restore each (the same objects), then finish all at once in threads; any exception fails the test."""
-    for s in sessions:
-        s.start_restore(background=False)
+def finish_together(sessions: list[CacheSession], torches: list[Any], restore: str = "first") -> None:
+    """Finish every session at once in threads, each restored ``first`` (in the calling thread, one after another),
+    ``in_thread`` (each in its own thread before it finishes, as concurrent CI jobs do) or ``done`` already (by the
+    caller); any exception fails the test."""
+    if restore == "first":
+        for s in sessions:
+            s.start_restore(background=False)
     errors: list[BaseException] = []
 
-    def finish(s: CacheSession, torch: FakeTorch) -> None:
+    def finish(s: CacheSession, torch: Any) -> None:
         try:
-            s.finish(torch)  # type: ignore[arg-type]
+            if restore == "in_thread":
+                s.start_restore(background=False)
+            s.finish(torch)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             errors.append(exc)
 

@@ -12,7 +12,7 @@ import json
 import os
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ from pytest_megacache.bundle import Entries, Limits
 from pytest_megacache.core import PART_FIELD, STALE_GROUP_SECONDS, CacheSession, _Held, units
 from pytest_megacache.files import FileRoot
 from pytest_megacache.report import _restore_lines, _upload_lines
-from pytest_megacache.stores import LocalDirStore, MemoryStore, S3Store, Store
+from pytest_megacache.stores import LocalDirStore, MemoryStore, Store
 
-from .conftest import S3Server, fake_elf
+from .conftest import fake_elf
+from .test_compaction import finish_together
 from .test_core import FOLDER, FP, FakeTorch
 
 K = 4  # shards of one suite
@@ -42,15 +43,6 @@ def shared_bytes(n: int, seed: int) -> bytes:
     """``n`` bytes that compress about 2:1, the same for the same seed."""
     rng = random.Random(seed)
     return bytes(rng.getrandbits(4) for _ in range(n))
-
-
-@pytest.fixture(params=["dir", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "dir":
-        yield LocalDirStore(tmp_path / "store")
-        return
-    server: S3Server = request.getfixturevalue("s3_server")
-    yield S3Store(server.create_bucket(), server.client())
 
 
 class Shard:
@@ -93,33 +85,12 @@ def factory(store: Store) -> Callable[[], Store]:
     return lambda: store
 
 
-def run_together(sessions: list[CacheSession], torches: list[Any], restore: bool = False) -> None:
-    """Finish every session at once in threads (each restored already, or restoring first in its thread with
-    ``restore``); any exception fails the test."""
-    errors: list[BaseException] = []
-
-    def finish(s: CacheSession, torch: Any) -> None:
-        try:
-            if restore:
-                s.start_restore(background=False)
-            s.finish(torch)
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=finish, args=pair) for pair in zip(sessions, torches, strict=True)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(2 * WAIT)
-    assert not errors and not any(t.is_alive() for t in threads)
-
-
 def cold_wave(store: Store, shards: list[Shard]) -> None:
     """Every shard starts on an empty store at once and uploads its own object."""
     sessions = [shard.session(store) for shard in shards]
     for s in sessions:
         s.start_restore(background=False)
-    run_together(sessions, [shard.compile(s) for shard, s in zip(shards, sessions, strict=True)])
+    finish_together(sessions, [shard.compile(s) for shard, s in zip(shards, sessions, strict=True)], restore="done")
     assert all(s.upload_stats.objects == 1 and not s.problems for s in sessions)
 
 
@@ -139,7 +110,8 @@ def union(stored: dict[str, Entries]) -> Entries:
     return out
 
 
-def test_sharded_cold_wave_converges_in_the_first_warm_session(store: Store, tmp_path: Path) -> None:
+def test_sharded_cold_wave_converges_in_the_first_warm_session(shared: Store, tmp_path: Path) -> None:
+    store = shared  # the directory store, then moto's S3 (tests/conftest.py)
     shards = [Shard(tmp_path, i, header=shared_bytes(60_000, 7)) for i in range(K)]
     cold_wave(store, shards)
     before = objects(store)
@@ -175,7 +147,8 @@ def test_sharded_cold_wave_converges_in_the_first_warm_session(store: Store, tmp
     assert list(objects(store)) == list(after)
 
 
-def test_all_shards_warm_at_once_converge_and_lose_nothing(store: Store, tmp_path: Path) -> None:
+def test_all_shards_warm_at_once_converge_and_lose_nothing(shared: Store, tmp_path: Path) -> None:
+    store = shared
     shards = [Shard(tmp_path, i, header=shared_bytes(20_000, 3)) for i in range(K)]
     cold_wave(store, shards)
     everything = {e.ident for e in union(objects(store))}
@@ -183,7 +156,7 @@ def test_all_shards_warm_at_once_converge_and_lose_nothing(store: Store, tmp_pat
     for s in sessions:
         s.start_restore(background=False)
     assert all(shard.hits_everything(s) for shard, s in zip(shards, sessions, strict=True))
-    run_together(sessions, [shard.compile(s) for shard, s in zip(shards, sessions, strict=True)])
+    finish_together(sessions, [shard.compile(s) for shard, s in zip(shards, sessions, strict=True)], restore="done")
     after = objects(store)
     assert len(after) == 1 and {e.ident for e in union(after)} == everything
     assert all(not s.problems and s.upload_stats.converged == K for s in sessions)
@@ -239,7 +212,7 @@ def test_races_of_warm_shards_converge_every_time(tmp_path: Path) -> None:
         sessions = [CacheSession(store_factory=factory(store), folder=FOLDER, fingerprint=FP, roots=[], reads=True,
                                  writes=True) for _ in range(K)]
         # Each restores, then finishes at once: one's merge and deletions may run while another still restores.
-        run_together(sessions, [FakeTorch([]) for _ in sessions], restore=True)
+        finish_together(sessions, [FakeTorch([]) for _ in sessions], restore="in_thread")
         restored_all = all(("torch/inductor", k) in s.restored for s in sessions for shard in seeds for k in shard.keys)
         stored = objects(store)
         ok = (len(stored) == 1 and {e.ident for e in union(stored)} == everything and restored_all
