@@ -19,7 +19,7 @@ session wall, and from the plugin's JSON report (``--megacache-report``): ``torc
 ``torch/precompile`` artifacts were stored) and what the restore loaded. A failure is a finding, not a crash of
 this script: it is recorded and the table says so.
 
-    python benchmarks/precompile.py [--repeats 3] [--workload small|dynamo|example|all] [--device cpu|cuda]
+    python benchmarks/precompile.py [--repeats 3] [--workload small|dynamo|varied|example|all] [--device cpu|cuda]
                                     [--tests N] [--json PATH]
 
 Workloads: ``small``, a generated CPU suite (pointwise, an MLP forward, an MLP training step checked against
@@ -28,7 +28,8 @@ project's CPU tests (``example_project``, ``tests -m "not gpu"``, run from insid
 with ``--device cuda`` its GPU tests but the max-autotune one (``tests -m gpu -k "not autotune"``); ``dynamo``, a
 generated suite shaped like suites where Dynamo is most of a warm run: many tests (``--tests``, 30 by default),
 each compiling two small functions full of Python-level work (dicts, loops, inlined helpers) after
-``torch._dynamo.reset()``.
+``torch._dynamo.reset()``; ``varied``, run.py's suite of small functions of 13 kinds (``benchmarks/varied.py``,
+``--tests`` of them).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from typing import Any
 
 from run import clean_env as shared_clean_env  # demo/local_s3.py's, as run.py uses it
 from run import plugin_args  # benchmarks/run.py, beside this script (its folder is on sys.path)
+from varied import make_varied_project  # benchmarks/varied.py, beside it
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "example_project"
@@ -361,6 +363,9 @@ def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | N
 
 
 def make_workload(name: str, base: Path, device: str = "cpu", tests: int = 30) -> Workload:
+    if name == "varied":
+        project, args, _ini = make_varied_project(base, tests, device)
+        return Workload("varied", project, args)
     if name == "dynamo":
         project = base / "dynamo"
         project.mkdir()
@@ -472,8 +477,9 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workload", choices=("small", "dynamo", "example", "all"), default="small")
-    parser.add_argument("--tests", type=int, default=30, help="tests of the dynamo workload (default: %(default)s)")
+    parser.add_argument("--workload", choices=("small", "dynamo", "varied", "example", "all"), default="small")
+    parser.add_argument("--tests", type=int, default=30,
+                        help="tests of the dynamo and varied workloads (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the example project's GPU tests (the small workload is CPU only)")
     parser.add_argument("--json", type=Path, help="write every run's record here")
