@@ -41,6 +41,7 @@ import inspect
 import itertools
 import json
 import os
+import pickle
 import re
 import sys
 import types
@@ -292,11 +293,15 @@ class _Reuse:
             pass
 
     def refuse(self, reason: str, detail: str) -> None:
+        """Count a refusal; keep its first detail, redacted before it is cut (a cut secret is not recognised)."""
         self.count(f"dynamo_refused_{reason}")
         if reason not in self.reasons:
             from .errors import redact_cut  # light: no torch
 
             self.reasons[reason] = redact_cut(detail, 200)
+
+    def refuse_error(self, exc: BaseException) -> None:
+        self.refuse(_reason_of(exc), f"{type(exc).__name__}: {exc}")
 
 
 _STATE: _Reuse | None = None
@@ -307,17 +312,11 @@ def _reason_of(exc: BaseException) -> str:
         return exc.reason
     if isinstance(exc, ImportError):
         return "missing_module"
-    if isinstance(exc, (RuntimeError,)) and "Source code changes detected" in str(exc):
+    if isinstance(exc, RuntimeError) and "Source code changes detected" in str(exc):
         return "code_changed"
-    if isinstance(exc, (pickle_errors())):
+    if isinstance(exc, (pickle.PickleError, AttributeError, EOFError)):
         return "unpicklable"
     return "torch_error"
-
-
-def pickle_errors() -> tuple[type[BaseException], ...]:
-    import pickle
-
-    return (pickle.PickleError, AttributeError, EOFError)
 
 
 def install(rootdir: str) -> str | None:
@@ -411,7 +410,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         try:
             data = serialize(self, builder, sorted_guards, output_graph)
         except torch._dynamo.exc.PackageError as exc:
-            state.refuse(_reason_of(exc.__cause__) if exc.__cause__ else "unsupported_guard", str(exc)[:200])
+            state.refuse(_reason_of(exc.__cause__) if exc.__cause__ else "unsupported_guard", str(exc))
             raise
         state.count("dynamo_stored")
         return pack_guards(proofs, data)
@@ -458,7 +457,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         try:
             result = load(fn)
         except Exception as exc:  # noqa: BLE001
-            state.refuse(_reason_of(exc), f"{type(exc).__name__}: {exc}"[:200])
+            state.refuse_error(exc)
             return None
         if result is None:
             return None
@@ -471,7 +470,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             if code_digest(stored) != code_digest(func.__code__):
                 raise Refused("code_changed", f"{func.__qualname__} changed since it was traced")
         except Exception as exc:  # noqa: BLE001
-            state.refuse(_reason_of(exc), str(exc)[:200])
+            state.refuse(_reason_of(exc), str(exc))
             return None
         return result
 
@@ -488,9 +487,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             initialize(self, fn, dynamo, ignore_inlined_sources)
             return None
         except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
-            state.refuse(_reason_of(exc), f"{type(exc).__name__}: {exc}"[:200])
-            _reset(self)
-            initialize(self, fn, None, ignore_inlined_sources)
+            state.refuse_error(exc)
+            _fresh(self, fn, initialize)
             self._megacache_fresh = True  # torch installs the loaded backends next: nothing is to be installed
             return None
 
@@ -512,13 +510,12 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         try:
             install_package(self, backends)
         except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
-            state.refuse(_reason_of(exc), f"{type(exc).__name__}: {exc}"[:200])
+            state.refuse_error(exc)
             fn = self._innermost_fn
             try:
                 self.uninstall()
             finally:
-                _reset(self)
-                initialize(self, fn, None, False)
+                _fresh(self, fn, initialize)
                 _advance_unique_ids(bytecode_transformation, modules)
             return
         finally:
@@ -547,7 +544,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         try:
             write(entry, path)
         except Exception as exc:  # noqa: BLE001
-            state.refuse("unpicklable", f"{type(exc).__name__}: {exc}"[:200])
+            state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
 
     cache.write = write_each
 
@@ -576,7 +573,7 @@ def _bundling_fails_open(state: _Reuse) -> None:
         except Exception as exc:
             if not autograd_cache.should_bundle_autograd_cache():
                 raise
-            state.refuse("torch_error", f"AOTAutograd entry not bundled: {type(exc).__name__}: {exc}"[:200])
+            state.refuse("torch_error", f"AOTAutograd entry not bundled: {type(exc).__name__}: {exc}")
             return None
 
     @functools.wraps(save)
@@ -623,14 +620,16 @@ def _record_used(torch: Any, cache: Any, pkg: Any) -> None:
         pass
 
 
-def _reset(pkg: Any) -> None:
-    """A CompilePackage back to the state of a fresh one (torch's fallback re-initializes it in place)."""
+def _fresh(pkg: Any, fn: Any, initialize: Any) -> None:
+    """A CompilePackage back to a fresh one for ``fn``, in place (torch holds it), as if nothing had been loaded;
+    ``initialize`` is torch's own CompilePackage.initialize."""
     pkg._initialized = False
     pkg._codes = {}
     pkg._current_entry = None
     pkg._installed_globals = {}
     pkg._resume_codes = set()
     pkg.__dict__.pop("source_id", None)
+    initialize(pkg, fn, None, False)
 
 
 _NUMBERED = re.compile(r"^__[A-Za-z_]*?_(\d+)(?:_[0-9a-fA-F_]+)?$")
@@ -656,6 +655,3 @@ def refusal_reasons() -> dict[str, str]:
     """The first detail seen per refusal reason in this process."""
     return dict(_STATE.reasons) if _STATE is not None else {}
 
-
-def active() -> bool:
-    return _STATE is not None and "torch" in sys.modules
