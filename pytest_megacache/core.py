@@ -7,8 +7,11 @@ imports pytest or torch (torch is reached through :class:`TorchAdapter`).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +23,7 @@ from .bundle import Entries, Entry, Limits
 from .deadline import Deadline, bounded, bounded_map
 from .errors import BundleError, StoreError, redact, redact_cut
 from .files import FileRoot, torch_cache_ident
-from .layout import Layout, valid_object_name
+from .layout import OBJECT_SUFFIX, Layout, valid_object_name
 from .report import LoadStats, RestoreStats, TorchStats, UploadStats
 from .stores import ObjectInfo, Store, new_object_name
 from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
@@ -45,8 +48,10 @@ class Fetched:
     folder: str
     info: ObjectInfo
     size: int
-    header: bundlemod.Header | None
-    entries: Entries | None
+    path: str | None  # where it was fetched to (a scratch file), until it is decoded
+    created: float = 0.0  # what its header says (unverified until it is decoded): newest first
+    header: bundlemod.Header | None = None
+    entries: Entries | None = None
     vanished: bool = False  # listed, then gone when fetched: a compaction deleted it (what it held is elsewhere)
 
 
@@ -237,6 +242,26 @@ class CacheSession:
         self._settled = threading.Event()  # done or abandoned: nobody waits any more
         self._diagnosed = threading.Event()
         self._loaded = False
+        self._scratch: str | None = None
+        self._scratch_lock = threading.Lock()
+
+    # --- scratch space ----------------------------------------------------------------------------
+    def scratch(self) -> str:
+        """The session's scratch directory, made on first use: the objects fetched, and the compiled files restored
+        or collected, each in a file of its own, so that they are never all in memory. Removed by :meth:`close`,
+        or at interpreter exit."""
+        with self._scratch_lock:
+            if self._scratch is None:
+                self._scratch = tempfile.mkdtemp(prefix="pytest-megacache-scratch-")
+                weakref.finalize(self, shutil.rmtree, self._scratch, True)
+            return self._scratch
+
+    def close(self) -> None:
+        """Remove the scratch directory (what is restored is in place by now, what is new is uploaded)."""
+        with self._scratch_lock:
+            scratch, self._scratch = self._scratch, None
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     # --- problems ---------------------------------------------------------------------------------
     def problem(self, message: str) -> None:
@@ -377,16 +402,45 @@ class CacheSession:
             self.problem(f"cannot read the cache directories: {type(exc).__name__}: {redact_cut(str(exc))}")
 
     def _fetch(self, store: Store, folder: str, info: ObjectInfo) -> Fetched:
-        """One object, fetched and validated; any defect of it is its own (named) problem, not the restore's."""
-        blob = store.get(folder, info.name, self.limits.max_object_bytes)
-        if blob is None:  # deleted by a concurrent compaction: its content is in a newer object
-            return Fetched(folder, info, 0, None, None, vanished=True)
+        """One object, fetched into a scratch file a chunk at a time (decoded later, by :meth:`_decode`)."""
+        path = self._fetch_file(store, folder, info.name)
+        if path is None:  # deleted by a concurrent compaction: its content is in a newer object
+            return Fetched(folder, info, 0, None, vanished=True)
+        with open(path, "rb") as fh:
+            doc = bundlemod.peek_header(fh.read(bundlemod.HEADER_PREFIX_BYTES)) or {}
+        created = bundlemod.number(doc.get("created"), 0.0, bundlemod.MAX_CREATED) or 0.0
+        return Fetched(folder, info, os.path.getsize(path), path, created)
+
+    def _fetch_file(self, store: Store, folder: str, name: str) -> str | None:
+        """The object in a new scratch file (its path), or None when it is gone."""
+        fd, path = tempfile.mkstemp(dir=self.scratch(), suffix=OBJECT_SUFFIX)
         try:
-            header, entries = bundlemod.decode(blob, self.fingerprint, self.limits, verify_keys=self.signing_keys)
-        except BundleError as exc:  # decode turns whatever a hostile object provokes into a BundleError
-            self.problem(f"refused {folder}/{info.name}: {redact_cut(str(exc))}")
-            return Fetched(folder, info, len(blob), None, None)
-        return Fetched(folder, info, len(blob), header, entries)
+            with os.fdopen(fd, "wb") as dest:
+                found = store.fetch(folder, name, self.limits.max_object_bytes, dest)
+        except BaseException:
+            _unlink(path)
+            raise
+        if not found:
+            _unlink(path)
+            return None
+        return path
+
+    def _decode(self, got: Fetched, held: Entries | None) -> None:
+        """Validate and decode a fetched object (then drop its file); its defect is its own, named problem. An entry
+        of ``held`` stands for the object's copy of it (:func:`.bundle.read_object`)."""
+        if got.path is None:
+            return
+        try:
+            with open(got.path, "rb") as fh:
+                header, decoded = bundlemod.read_object(fh, self.fingerprint, self.limits, self.signing_keys,
+                                                        self.scratch(), held)
+        except (BundleError, OSError) as exc:  # read_object turns what a hostile object provokes into a BundleError
+            self.problem(f"refused {got.folder}/{got.info.name}: {redact_cut(str(exc))}")
+            return
+        finally:
+            _unlink(got.path)
+        got.header, got.entries = header, decoded.entries
+        self.restore_stats.raw_fetched += decoded.decompressed
 
     def _fetch_all(self, store: Store, listing: list[tuple[str, ObjectInfo]], deadline: Deadline) -> list[Fetched]:
         """Every listed object, fetched and validated. An object deleted between the listing and its fetch was
@@ -404,7 +458,7 @@ class CacheSession:
                         late += 1
                     else:
                         self.problem(f"fetching {info.name}: {outcome}")
-                    results.append(Fetched(folder, info, 0, None, None))
+                    results.append(Fetched(folder, info, 0, None))
                 else:
                     results.append(outcome)
             if round_ == RESTORE_ROUNDS - 1 or not any(isinstance(o, Fetched) and o.vanished for o in outcomes):
@@ -447,21 +501,26 @@ class CacheSession:
         stats.objects_listed = len(listing)
         results = self._fetch_all(store, listing, deadline)
         merged = Entries()
-        # Oldest first (by the time each object records), so that a newer mutable artifact wins below.
-        results.sort(key=lambda got: (got.header.created if got.header is not None else 0.0, got.info.name))
+        # Newest first (by the time each object records), so that the newest copy of a mutable artifact is taken;
+        # an entry taken already stands for the later objects' copies, whose frames are then not decompressed.
+        results.sort(key=lambda got: (got.created, got.info.name), reverse=True)
         for got in results:
             stats.bytes_fetched += got.size
+            if deadline.expired():  # the session goes on without this restore: nothing more is decoded
+                if got.path is not None:
+                    _unlink(got.path)
+                continue
+            self._decode(got, merged)
             if got.entries is None or got.header is None:
                 stats.objects_rejected += got.size > 0
                 continue
-            merged.merge(got.entries)
+            merged.update(got.entries)
             stats.objects_used += 1
-            stats.raw_fetched += got.entries.raw_bytes()
             stats.folders[got.folder] = stats.folders.get(got.folder, 0) + 1
             self.restored_headers.append(got.header)
             if got.folder == self.folder:
                 self.restored_objects.append(got.info)
-                self.restored_own.merge(got.entries)
+                self.restored_own.update(got.entries)  # newest first: its copy of a profile wins
                 self.restored_held.append(_Held(got.info.name, got.header.created, got.entries, (got.header,)))
         stats.raw_unique = merged.raw_bytes()
         if not self._commit():
@@ -548,7 +607,7 @@ class CacheSession:
         # by a child process (torchrun, mp.spawn, subprocess) into the same directory. They travel as files.
         known = {e.ident for e in session} | {e.ident for e in self.restored.of_kind_prefix(bundlemod.TORCH_PREFIX)}
         for root in self.roots:
-            entries, skipped = root.collect(self.before.get(root.kind, set()))
+            entries, skipped = root.collect(self.before.get(root.kind, set()), scratch_dir=self.scratch())
             for entry in entries:
                 ident = torch_cache_ident(entry.name) if root.name == "inductor" else None
                 if ident in known:
@@ -853,11 +912,16 @@ class CacheSession:
     def _read_held(self, store: Store, name: str) -> _Held | None:
         """An object of the write folder, read whole and validated as a restore validates it (its signature
         included); None when it is gone (deleted meanwhile, so an object that covers it exists)."""
-        blob = store.get(self.folder, name, self.limits.max_object_bytes)
-        if blob is None:
+        path = self._fetch_file(store, self.folder, name)
+        if path is None:
             return None
-        header, entries = bundlemod.decode(blob, self.fingerprint, self.limits, verify_keys=self.signing_keys)
-        return _Held(name, header.created, entries, (header,))
+        try:
+            with open(path, "rb") as fh:
+                header, decoded = bundlemod.read_object(fh, self.fingerprint, self.limits, self.signing_keys,
+                                                        self.scratch(), self.restored)
+        finally:
+            _unlink(path)
+        return _Held(name, header.created, decoded.entries, (header,))
 
     def _converge(self, store: Store, deadline: Deadline, mine: _Held, inputs: set[str]) -> None:
         """List the folder again; delete what the merged object covers, give way to an object that covers it,
@@ -952,11 +1016,12 @@ class CacheSession:
         out = Entries()
         dropped: dict[str, int] = {}
         for entry in entries:
-            data = envpolicy.scrub_torch_artifact(entry.data)
+            raw = entry.data  # one entry in memory at a time (a file entry is read from its scratch file)
+            data = envpolicy.scrub_torch_artifact(raw)
             if (name := envpolicy.stored_secret(data, pieces)) is not None:
                 dropped[name] = dropped.get(name, 0) + 1
                 continue
-            out.add(entry if data is entry.data else Entry(entry.kind, entry.name, data, entry.mode))
+            out.add(entry if data is raw else entry.with_data(data))
         if dropped:
             self.problem(f"not storing {sum(dropped.values())} compiled entries: they hold the value of "
                          f"{', '.join(sorted(dropped))}, which may be a secret")
@@ -1003,9 +1068,11 @@ class CacheSession:
                 if group is not None:
                     extra[PART_FIELD] = {"group": group, "index": len(names),
                                          **({} if todo else {"count": len(names) + 1})}
-                blob = bundlemod.encode(entries, self.fingerprint, extra=extra, signing_key=signing_key)
-                why = self._over_limits(blob)
+                path = os.path.join(self.scratch(), name := new_object_name())
+                header, size = bundlemod.write_object(path, entries, self.fingerprint, extra, signing_key)
+                why = self._over_limits(header, size)
                 if why is not None:
+                    _unlink(path)
                     if len(chunk) == 1:
                         too_big.append(f"{chunk[0].kind}:{chunk[0].name[:80]} ({why})")
                         if not todo and names:
@@ -1014,13 +1081,15 @@ class CacheSession:
                         todo.extend([chunk[len(chunk) // 2:], chunk[:len(chunk) // 2]])
                         group = group or new_object_name()
                     continue
-                name = new_object_name()
-                bounded(lambda: store.put(self.folder, name, blob), deadline, "upload")  # noqa: B023 - waited for here
+                try:
+                    bounded(lambda: store.put_file(self.folder, name, path), deadline,  # noqa: B023 - waited for
+                            "upload")
+                finally:
+                    _unlink(path)
                 names.append(name)
                 stored.merge(entries)
-                created.append(bundlemod.decode_header(blob, self.limits)[0].created)
-                total += len(blob)
-                del blob
+                created.append(header.created)
+                total += size
         except (ValueError, BundleError) as exc:  # a header a decoder would refuse: never written
             self.problem(f"not uploading: {redact_cut(str(exc))}")
             return None
@@ -1034,13 +1103,20 @@ class CacheSession:
             return _Held(names[0], created[0], stored), 1, total
         return _Held(group, min(created), stored, (), tuple(names)), len(names), total
 
-    def _over_limits(self, blob: bytes) -> str | None:
-        """Why a restore would refuse ``blob`` for its size, or None."""
-        try:
-            bundlemod.decode_header(blob, self.limits)
-        except BundleError as exc:
-            return str(exc)
+    def _over_limits(self, header: bundlemod.Header, size: int) -> str | None:
+        """Why a restore would refuse an object of ``size`` bytes with ``header`` for its size, or None."""
+        if size > self.limits.max_object_bytes:
+            return f"object of {size} bytes is over the limit of {self.limits.max_object_bytes}"
+        if header.raw_size > self.limits.max_raw_bytes:
+            return f"{header.raw_size} bytes decompressed, over the limit of {self.limits.max_raw_bytes}"
         return None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def plural_entries(n: int) -> str:

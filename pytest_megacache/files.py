@@ -17,9 +17,11 @@ import re
 import struct
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 try:
     import fcntl
@@ -28,7 +30,7 @@ except ImportError:  # pragma: no cover - Windows
 
 from .bundle import FILE_PREFIX, Entries, Entry, validate_file_path
 from .errors import BundleError
-from .fsutil import read_regular, write_atomic
+from .fsutil import copy_regular, read_regular, write_atomic
 
 # What must not travel (locks, temp files, the precompiled header, Inductor's copy of Triton kernels that
 # travel inside FX-graph entries, dynamic-shape profiles). (Inductor's "triton" folder here is its own; a
@@ -45,6 +47,8 @@ LOCK_WAIT_SECONDS = 30.0
 # What the disk says when no later file could be written either: the restore stops there.
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 _ELF_SUFFIXES = (".so", ".o")
+ELF_HEAD = 64  # the bytes of an ELF file that say how long it must be
+PCH_HEAD = 4096  # a precompiled header's one-line header file is shorter; its binary is told by its first bytes
 # In TRITON_CACHE_DIR, max-autotune's benchmark candidates (kernels named after their template, "triton_mm",
 # "triton_bmm", ..., never compiled again once the autotune results are restored: 47 MB raw of the example's
 # 87 MB) stay behind. Everything else travels: user @triton.jit kernels, Triton's launcher modules, and Inductor's
@@ -65,6 +69,7 @@ _PCH_MAGIC = (b"gpch", b"CPCH")
 # another directory is rewritten for it (:func:`relocate_triton_group`).
 _TRITON_GROUP = re.compile(r"__grp__[^/]+\.json")
 MAX_GROUP_FILES = 64
+T = TypeVar("T")
 
 
 def default_cache_dir() -> Path:
@@ -129,27 +134,29 @@ def triton_installed() -> bool:
         return False
 
 
-def elf_problem(name: str, data: bytes) -> str | None:
-    """Why ``data`` is not a whole ELF file, for names that must be one (``.so``, ``.o``); else None.
+def elf_problem(name: str, data: bytes, size: int | None = None) -> str | None:
+    """Why ``data`` is not a whole ELF file, for names that must be one (``.so``, ``.o``); else None. ``data`` may be
+    the file's first :data:`ELF_HEAD` bytes only, when ``size`` says how long the whole file is.
 
     A truncated build (``file too short`` when Python imports it) ends before the program or
     section header table its ELF header declares."""
+    size = len(data) if size is None else size
     if not name.endswith(_ELF_SUFFIXES) and not data.startswith(b"\x7fELF"):
         return None
-    if len(data) < 52 or not data.startswith(b"\x7fELF") or data[4] not in (1, 2) or data[5] not in (1, 2):
-        return f"not an ELF file ({len(data)} bytes)"
+    if size < 52 or len(data) < 52 or not data.startswith(b"\x7fELF") or data[4] not in (1, 2) or data[5] not in (1, 2):
+        return f"not an ELF file ({size} bytes)"
     order = "<" if data[5] == 1 else ">"
     if data[4] == 2:  # 64-bit
-        if len(data) < 64:
-            return f"ELF header cut short ({len(data)} bytes)"
+        if size < 64 or len(data) < 64:
+            return f"ELF header cut short ({size} bytes)"
         phoff, shoff = struct.unpack_from(order + "QQ", data, 0x20)
         phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", data, 0x36)
     else:
         phoff, shoff = struct.unpack_from(order + "II", data, 0x1C)
         phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", data, 0x2A)
     need = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
-    if len(data) < need:
-        return f"truncated ELF file ({len(data)} of at least {need} bytes)"
+    if size < need:
+        return f"truncated ELF file ({size} of at least {need} bytes)"
     return None
 
 
@@ -184,17 +191,17 @@ def relocate_triton_group(rel: str, data: bytes, root: Path) -> bytes:
     return json.dumps({"child_paths": out}).encode()
 
 
-def _read_under_torch_lock(root: Path, rel: str, timeout: float) -> bytes | None:
-    """The file's bytes, read while holding (shared) the flock Inductor builds it under, if it has one.
-    None when the lock stays taken past ``timeout`` (a build still running elsewhere). Raises OSError, also for a
-    link or anything but a regular file of at most MAX_FILE_BYTES (:func:`.fsutil.read_regular`)."""
+def _read_under_torch_lock(root: Path, rel: str, timeout: float, read: Callable[[Path], T]) -> T | None:
+    """``read`` of the file, called while holding (shared) the flock Inductor builds it under, if it has one.
+    None when the lock stays taken past ``timeout`` (a build still running elsewhere). ``read`` raises OSError, also
+    for a link or anything but a regular file of at most MAX_FILE_BYTES (:func:`.fsutil.read_regular`)."""
     key = rel.rsplit("/", 1)[-1].split(".", 1)[0]
     try:
         if fcntl is None:  # pragma: no cover - Windows: no flock, read as is
             raise OSError("no flock")
         fd = os.open(root / "locks" / f"{key}.lock", os.O_RDONLY)
     except OSError:  # no lock file: nothing of Inductor's builds this file
-        return read_regular(root / rel, MAX_FILE_BYTES)
+        return read(root / rel)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -206,11 +213,25 @@ def _read_under_torch_lock(root: Path, rel: str, timeout: float) -> bytes | None
                     return None
                 time.sleep(0.05)
         try:
-            return read_regular(root / rel, MAX_FILE_BYTES)
+            return read(root / rel)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _entry_of(kind: str, rel: str, mode: int, scratch_dir: str | None, path: Path) -> Entry:
+    """The file at ``path`` as an entry: read into memory, or copied into ``scratch_dir`` (a chunk at a time)."""
+    if scratch_dir is None:
+        return Entry(kind, rel, read_regular(path, MAX_FILE_BYTES), mode)
+    fd, copy = tempfile.mkstemp(dir=scratch_dir, suffix=".entry")
+    try:
+        with os.fdopen(fd, "wb") as dest:
+            size = copy_regular(path, MAX_FILE_BYTES, dest)
+    except BaseException:
+        os.unlink(copy)
+        raise
+    return Entry.in_file(kind, rel, copy, size, mode)
 
 
 @dataclass(frozen=True)
@@ -224,9 +245,12 @@ class FileRoot:
     def kind(self) -> str:
         return FILE_PREFIX + self.name
 
-    def problem(self, name: str, data: bytes) -> str | None:
-        """Why this root must not carry or write ``data`` as ``name``; else None."""
-        return pch_problem(name, data) if self.name == "pch" else elf_problem(name, data)
+    def problem(self, entry: Entry) -> str | None:
+        """Why this root must not carry or write ``entry``; else None (what is read of it: its first bytes)."""
+        head = entry.head(PCH_HEAD if self.name == "pch" else ELF_HEAD)
+        if self.name == "pch":
+            return pch_problem(entry.name, head if entry.size <= PCH_HEAD else head[:4])
+        return elf_problem(entry.name, head, entry.size)
 
     def _carried(self, rel: str) -> bool:
         if self.name == "pch":
@@ -248,8 +272,10 @@ class FileRoot:
                 out.add(rel)
         return out
 
-    def collect(self, before: set[str], lock_wait: float = LOCK_WAIT_SECONDS) -> tuple[Entries, list[str]]:
-        """Entries for the files added since ``before``; also the paths skipped and why.
+    def collect(self, before: set[str], lock_wait: float = LOCK_WAIT_SECONDS,
+                scratch_dir: str | None = None) -> tuple[Entries, list[str]]:
+        """Entries for the files added since ``before``; also the paths skipped and why. With ``scratch_dir``, each
+        file is copied there (a chunk at a time) and its entry refers to the copy, else it is read into memory.
 
         Waits for builds in progress at most ``lock_wait`` seconds in all; after that, a file whose
         build lock is taken is skipped (its kernel is rebuilt by whoever misses it)."""
@@ -275,17 +301,19 @@ class FileRoot:
                 if st.st_size > MAX_FILE_BYTES:
                     skipped.append(f"{rel}: {st.st_size} bytes")
                     continue
-                data = _read_under_torch_lock(self.path, rel, max(0.0, deadline - time.monotonic()))
+                mode = 0o755 if st.st_mode & 0o111 else 0o644
+                entry = _read_under_torch_lock(self.path, rel, max(0.0, deadline - time.monotonic()),
+                                               partial(_entry_of, self.kind, rel, mode, scratch_dir))
             except OSError as exc:
                 skipped.append(f"{rel}: {exc.strerror or exc}")
                 continue
-            if data is None:
+            if entry is None:
                 skipped.append(f"{rel}: still being built by another process after {lock_wait:g} s")
                 continue
-            if problem := self.problem(rel, data):
+            if problem := self.problem(entry):
                 skipped.append(f"{rel}: {problem}")
                 continue
-            entries.add(Entry(self.kind, rel, data, 0o755 if st.st_mode & 0o111 else 0o644))
+            entries.add(entry)
         return entries, skipped
 
     def restore(self, entries: Iterable[Entry], refused: list[str] | None = None) -> tuple[int, int]:
@@ -303,11 +331,10 @@ class FileRoot:
                 continue
             try:
                 validate_file_path(entry.name)
-                if problem := self.problem(entry.name, entry.data):
+                if problem := self.problem(entry):
                     raise BundleError(problem)
                 if self.name == "triton" and _TRITON_GROUP.fullmatch(entry.name.rpartition("/")[2]):
-                    entry = Entry(entry.kind, entry.name, relocate_triton_group(entry.name, entry.data, self.path),
-                                  entry.mode)
+                    entry = entry.with_data(relocate_triton_group(entry.name, entry.data, self.path))
                 if self._write(root, entry):
                     written += 1
                 else:
@@ -337,4 +364,4 @@ class FileRoot:
         if os.path.lexists(target):
             return False
         # Never over a name that appeared meanwhile (a concurrent writer's file stays).
-        return write_atomic(target, entry.data, mode=entry.mode & 0o755, replace=False)
+        return write_atomic(target, entry.chunks(), mode=entry.mode & 0o755, replace=False)

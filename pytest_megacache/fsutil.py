@@ -19,7 +19,12 @@ import errno
 import os
 import stat
 
-__all__ = ["Refused", "TooLarge", "read_regular", "write_atomic"]
+TYPE_CHECKING = False  # typing is not imported at run time (see above)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+    from typing import BinaryIO
+
+__all__ = ["Refused", "TooLarge", "copy_regular", "read_regular", "write_atomic"]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -43,13 +48,8 @@ class TooLarge(Refused):
         self.size = size
 
 
-def read_regular(path: str | os.PathLike[str], max_bytes: int) -> bytes:
-    """The whole content of the regular file at ``path``, at most ``max_bytes`` long.
-
-    Raises :class:`Refused` for a symbolic link (also one swapped in between the check and the open), anything that
-    is not a regular file (a FIFO is opened without blocking and refused) and a file over ``max_bytes``
-    (:class:`TooLarge`); other ``OSError`` as the system raises it (``FileNotFoundError``, ``PermissionError``)."""
-    full = os.fspath(path)
+def _open_regular(full: str, max_bytes: int) -> tuple[int, int]:
+    """An open descriptor of the regular file at ``full`` and its size, refused as :func:`read_regular` says."""
     if stat.S_ISLNK(os.lstat(full).st_mode):
         raise Refused("a symbolic link")
     try:
@@ -64,9 +64,23 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int) -> bytes:
             raise Refused("not a regular file")
         if st.st_size > max_bytes:
             raise TooLarge(max_bytes, st.st_size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """The whole content of the regular file at ``path``, at most ``max_bytes`` long.
+
+    Raises :class:`Refused` for a symbolic link (also one swapped in between the check and the open), anything that
+    is not a regular file (a FIFO is opened without blocking and refused) and a file over ``max_bytes``
+    (:class:`TooLarge`); other ``OSError`` as the system raises it (``FileNotFoundError``, ``PermissionError``)."""
+    fd, st_size = _open_regular(os.fspath(path), max_bytes)
+    try:
         chunks: list[bytes] = []
         size = 0
-        want = max(st.st_size + 1, _READ_CHUNK)  # the whole file in one read, as a rule (one copy in memory)
+        want = max(st_size + 1, _READ_CHUNK)  # the whole file in one read, as a rule (one copy in memory)
         while size <= max_bytes:
             chunk = os.read(fd, min(max_bytes + 1 - size, want))
             if not chunk:
@@ -81,9 +95,29 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int) -> bytes:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None, replace: bool = True,
-                 fsync: bool = False) -> bool:
-    """Write ``data`` as the file ``path``, whole or not at all; True when written.
+def copy_regular(path: str | os.PathLike[str], max_bytes: int, dest: BinaryIO) -> int:
+    """Copy the regular file at ``path`` into ``dest`` a chunk at a time; return how many bytes. Refuses what
+    :func:`read_regular` refuses, a file that grows past ``max_bytes`` while it is copied included."""
+    fd, _size = _open_regular(os.fspath(path), max_bytes)
+    try:
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(max_bytes + 1 - size, _READ_CHUNK))
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise TooLarge(max_bytes, size)
+            dest.write(chunk)
+        return size
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | BinaryIO | Iterator[bytes], *, mode: int | None = None,
+                 replace: bool = True, fsync: bool = False) -> bool:
+    """Write ``data`` (bytes, chunks of bytes, or a binary file read to its end a chunk at a time) as the file
+    ``path``, whole or not at all; True when written.
 
     ``mode``: the file's permission bits, exactly (the umask does not apply; the file is private until then), or
     None for what ``open()`` creates (0o666 less the umask). ``replace=False``: leave an existing ``path`` (even a
@@ -105,12 +139,13 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int | None 
                     os.fchmod(fd, mode)
                 else:  # pragma: no cover - Windows before Python 3.13
                     os.chmod(tmp, mode)
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                if written <= 0:
-                    raise OSError(errno.EIO, "short write", tmp)
-                view = view[written:]
+            for piece in _pieces(data):
+                view = memoryview(piece)
+                while view:
+                    written = os.write(fd, view)
+                    if written <= 0:
+                        raise OSError(errno.EIO, "short write", tmp)
+                    view = view[written:]
             if fsync:
                 os.fsync(fd)
         finally:
@@ -135,3 +170,13 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int | None 
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+
+def _pieces(data: bytes | BinaryIO | Iterator[bytes]) -> Iterable[bytes]:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return [data]
+    if hasattr(data, "read"):
+        source = data
+        return iter(lambda: source.read(_READ_CHUNK), b"")
+    return data

@@ -339,12 +339,14 @@ class Role:
         self.session.torch_stats.children = [r.row() for r in compiled]
 
     def release(self) -> None:
-        """At unconfigure (also after an interrupt): what outlives the session's end (the spool and the restore's
-        signal to child processes; their variables go back as they were)."""
+        """At unconfigure (also after an interrupt): what outlives the session's end (the spool, the restore's
+        signal to child processes, their variables going back as they were, and the session's scratch files)."""
         if self.restore_signal is not None:
             self.restore_signal.close()
         if self.spool is not None:
             self.spool.close()
+        if self.session is not None:
+            self.session.close()  # its scratch files
 
 
 class Off(Role):

@@ -14,10 +14,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from .errors import StoreError, redact_cut
-from .fsutil import TooLarge, read_regular, write_atomic
+from .fsutil import TooLarge, copy_regular, read_regular, write_atomic
 from .layout import OBJECT_SUFFIX, valid_object_name, valid_segment
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ class ObjectInfo:
     size: int
     modified: float  # POSIX seconds
 
+
+_CHUNK = 1 << 20  # what a streamed GET reads at a time
 
 Walk = list[tuple[str, ObjectInfo]]  # (folder, object) pairs; an alias because stores define list()
 
@@ -60,6 +62,14 @@ class Store(Protocol):
     def get(self, folder: str, name: str, max_bytes: int) -> bytes | None: ...
 
     def put(self, folder: str, name: str, data: bytes) -> None: ...
+
+    def fetch(self, folder: str, name: str, max_bytes: int, dest: BinaryIO) -> bool:
+        """Write the object into ``dest`` a chunk at a time (refused over ``max_bytes``); False if it is gone."""
+        ...
+
+    def put_file(self, folder: str, name: str, path: str) -> None:
+        """Store the file ``path`` as a new object, read a chunk at a time."""
+        ...
 
     def delete(self, folder: str, name: str) -> None: ...
 
@@ -116,6 +126,16 @@ class MemoryStore:
             raise StoreError(f"bad object name {name!r}")
         with self._lock:
             self.objects.setdefault((validate_folder(folder), name), (bytes(data), time.time()))
+
+    def fetch(self, folder: str, name: str, max_bytes: int, dest: BinaryIO) -> bool:
+        data = self.get(folder, name, max_bytes)
+        if data is None:
+            return False
+        dest.write(data)
+        return True
+
+    def put_file(self, folder: str, name: str, path: str) -> None:
+        self.put(folder, name, Path(path).read_bytes())
 
     def delete(self, folder: str, name: str) -> None:
         with self._lock:
@@ -186,8 +206,30 @@ class LocalDirStore:
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
 
+    def fetch(self, folder: str, name: str, max_bytes: int, dest: BinaryIO) -> bool:
+        path = self._object(folder, name)
+        try:
+            copy_regular(path, max_bytes, dest)
+        except FileNotFoundError:
+            return False
+        except TooLarge as exc:
+            raise StoreError(f"object {name} is {exc.size} bytes, over the limit of {max_bytes}", "too-large") from exc
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
+        return True
+
     def put(self, folder: str, name: str, data: bytes) -> None:
         """Write a new object (flushed to disk, then renamed into place); one of that name already there stays."""
+        self._write(folder, name, data)
+
+    def put_file(self, folder: str, name: str, path: str) -> None:
+        try:
+            with open(path, "rb") as source:
+                self._write(folder, name, source)
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
+
+    def _write(self, folder: str, name: str, data: bytes | BinaryIO) -> None:
         path = self._object(folder, name)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -299,18 +341,28 @@ class S3Store:
                 out.append(ObjectInfo(name, int(item.get("Size", 0)), item["LastModified"].timestamp()))
         return sorted(out, key=lambda o: o.name)
 
-    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
+    def _get_object(self, folder: str, name: str) -> dict[str, Any] | None:
+        """The GET's response (its body not read yet), or None if the object is gone."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         key = self._key(folder, name)
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=key)
+            response: dict[str, Any] = self.client.get_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
             raise StoreError(f"S3 get of {key} failed: {_describe(exc)}", _classify(exc)) from exc
         except BotoCoreError as exc:
             raise StoreError(f"S3 get of {key} failed: {_describe(exc)}", _classify(exc)) from exc
+        return response
+
+    def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
+        from botocore.exceptions import BotoCoreError
+
+        response = self._get_object(folder, name)
+        if response is None:
+            return None
+        key = self._key(folder, name)
         body = response["Body"]
         try:
             if int(response.get("ContentLength", 0)) > max_bytes:
@@ -325,9 +377,42 @@ class S3Store:
             raise StoreError(f"object {name} is over the limit of {max_bytes} bytes", "too-large")
         return data
 
+    def fetch(self, folder: str, name: str, max_bytes: int, dest: BinaryIO) -> bool:
+        response = self._get_object(folder, name)
+        if response is None:
+            return False
+        from botocore.exceptions import BotoCoreError
+
+        key = self._key(folder, name)
+        body = response["Body"]
+        try:
+            if int(response.get("ContentLength", 0)) > max_bytes:
+                raise StoreError(f"object {name} is {response['ContentLength']} bytes, over the limit of {max_bytes}",
+                                 "too-large")
+            size = 0
+            while chunk := body.read(_CHUNK):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise StoreError(f"object {name} is over the limit of {max_bytes} bytes", "too-large")
+                dest.write(chunk)
+        except (BotoCoreError, OSError) as exc:
+            raise StoreError(f"S3 read of {key} failed: {_describe(exc)}", _classify(exc)) from exc
+        finally:
+            body.close()
+        return True
+
     def put(self, folder: str, name: str, data: bytes) -> None:
         self._call("put", self.client.put_object, Key=self._key(folder, name), Body=data,
                    ContentType="application/octet-stream")
+
+    def put_file(self, folder: str, name: str, path: str) -> None:
+        """One PUT whose body is read from the file (botocore rewinds it for a retry)."""
+        key = self._key(folder, name)
+        try:
+            with open(path, "rb") as body:
+                self._call("put", self.client.put_object, Key=key, Body=body, ContentType="application/octet-stream")
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
 
     def delete(self, folder: str, name: str) -> None:
         self._call("delete", self.client.delete_object, Key=self._key(folder, name))

@@ -65,16 +65,19 @@ def make_stage_dir() -> Path:
 
 
 def stage(stage_dir: Path, entries: Entries, fingerprint: str, ok: bool, selections: list[str] | None = None,
-          ) -> bytes | None:
-    """Write what the controller restored for its workers; return the object (for remote workers). ``selections``:
-    the test selections of the sessions that stored what was restored (a worker running one of them expects to
-    find everything cached, as a plain session would)."""
+          ) -> None:
+    """Write what the controller restored for its workers (an entry a chunk at a time). ``selections``: the test
+    selections of the sessions that stored what was restored (a worker running one of them expects to find
+    everything cached, as a plain session would)."""
     extra = {"producer": {"selections": selections}} if selections else None
-    blob = bundlemod.encode(entries, fingerprint, extra=extra) if entries else None
-    if blob is not None:
-        LocalDirStore(stage_dir).put(STAGE_FOLDER, new_object_name(), blob)
+    if entries:
+        folder = stage_dir / STAGE_FOLDER
+        folder.mkdir(parents=True, exist_ok=True)
+        name = new_object_name()
+        # Written beside its final name, then renamed: a worker lists whole objects only.
+        bundlemod.write_object(folder / f".{name}.tmp", entries, fingerprint, extra)
+        os.replace(folder / f".{name}.tmp", folder / name)
     write_atomic(stage_dir / READY, json.dumps({"ok": ok, "entries": len(entries)}).encode())
-    return blob
 
 
 def unpack_remote_stage(blob: bytes | None) -> Path:
@@ -96,15 +99,19 @@ def hand_over(stage_dir: Path | None, worker_id: str, entries: Entries, fingerpr
     """A worker's new entries as a workeroutput value: a path + digest when possible, else the bytes."""
     if not entries:
         return {"object": None}
-    blob = bundlemod.encode(entries, fingerprint)
-    digest = hashlib.sha256(blob).hexdigest()
     if stage_dir is not None:
         out = stage_dir / OUT_FOLDER
         out.mkdir(exist_ok=True)
         target = out / f"{worker_id}-{os.getpid()}.mcb"
-        write_atomic(target, blob)
+        bundlemod.write_object(target, entries, fingerprint)
+        sha = hashlib.sha256()
+        with open(target, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                sha.update(chunk)
+        digest = sha.hexdigest()
         return {"object": str(target), "sha256": digest}
-    return {"object": None, "data": blob, "sha256": digest}
+    blob = bundlemod.encode(entries, fingerprint)
+    return {"object": None, "data": blob, "sha256": hashlib.sha256(blob).hexdigest()}
 
 
 def take_over(output: dict[str, Any], fingerprint: str) -> Entries:

@@ -78,7 +78,7 @@ def frame(header: bytes, payload: bytes = b"", version: int = bundle.FORMAT_VERS
 def test_encode_decode_round_trip() -> None:
     entries = sample_entries()
     blob = bundle.encode(entries, FP, extra={"run": "ci-42"})
-    assert blob.startswith(bundle.MAGIC + bytes([bundle.FORMAT_VERSION]))
+    assert blob.startswith(bundle.MAGIC + bytes([bundle.FORMAT_FRAMED]))
     header, decoded = bundle.decode(blob, expected_fingerprint=FP)
     assert as_tuples(decoded) == as_tuples(entries)
     assert header.fingerprint == FP
@@ -216,8 +216,8 @@ def test_too_short_for_a_header() -> None:
 
 
 def test_unsupported_format_version() -> None:
-    with pytest.raises(BundleError, match="bundle format 2 is not supported"):
-        bundle.decode(GOOD[:4] + b"\x02" + GOOD[5:])
+    with pytest.raises(BundleError, match="bundle format 3 is not supported"):
+        bundle.decode(GOOD[:4] + b"\x03" + GOOD[5:])
 
 
 def test_header_length_over_the_maximum() -> None:
@@ -608,7 +608,7 @@ def test_unexpected_exceptions_become_bundle_errors(monkeypatch: pytest.MonkeyPa
         with pytest.raises(BundleError, match=r"malformed bundle \(OverflowError: int too large"):
             call(GOOD)
     monkeypatch.undo()
-    monkeypatch.setattr(bundle, "_decode_payload", explode)
+    monkeypatch.setattr(bundle.payloadmod, "read_framed", explode)
     with pytest.raises(BundleError, match=r"malformed bundle \(OverflowError"):
         bundle.decode(GOOD)
     assert bundle.decode_header(GOOD)[0].fingerprint == FP  # the payload is not decoded there
@@ -618,7 +618,7 @@ def test_keyboard_interrupt_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) ->
     def interrupt(*_args: object) -> object:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bundle, "_decode_payload", interrupt)
+    monkeypatch.setattr(bundle.payloadmod, "read_framed", interrupt)
     with pytest.raises(KeyboardInterrupt):
         bundle.decode(GOOD)
 

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 
@@ -64,6 +64,13 @@ class Overlapping:
     def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
         self._count("get")
         return self.inner.get(folder, name, max_bytes)
+
+    def fetch(self, folder: str, name: str, max_bytes: int, dest: BinaryIO) -> bool:
+        self._count("get")
+        return self.inner.fetch(folder, name, max_bytes, dest)
+
+    def put_file(self, folder: str, name: str, path: str) -> None:
+        self.put(folder, name, Path(path).read_bytes())
 
     def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
         return self.inner.head(folder, name, nbytes)

@@ -156,6 +156,9 @@ def test_read_mode_and_failed_uploads(tmp_path: Path) -> None:
         def put(self, folder: str, name: str, data: bytes) -> None:
             raise __import__("pytest_megacache.errors").errors.StoreError("No space left on device", "io")
 
+        def put_file(self, folder: str, name: str, path: str) -> None:
+            self.put(folder, name, b"")
+
     broken, _ = run(FullDisk(tmp_path / "store"), tmp_path, "w", [KEY_A])
     assert broken.upload_stats.reason == "upload failed"
     assert broken.problems == ["upload: No space left on device"]
