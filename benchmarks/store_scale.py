@@ -85,10 +85,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 os.link(path, target)
     start = time.perf_counter()
     if not args.off and args.mode != "warm-read":
-        # What the session's cache directory gained, handed over as an xdist controller hands over its workers'.
-        root = session.roots[0]
-        entries, _skipped = root.collect(session.before.get(root.kind, set()))
-        session.finish(None, worker_entries=entries)
+        session.finish(None)  # collects what the cache directory gained, and uploads it
+    session.close()
     finished = time.perf_counter() - start
     r, up = session.restore_stats, session.upload_stats
     return {"restore_s": round(restored, 2), "finish_s": round(finished, 2), "fetched": r.bytes_fetched,

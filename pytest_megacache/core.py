@@ -587,11 +587,11 @@ class CacheSession:
             self.problem(f"torch did not load the restored artifacts: {result.error}")
 
     # --- collect, merge, upload ------------------------------------------------------------------
-    def collect(self, adapter: TorchAdapter) -> Entries:
-        """What this session compiled or hit: torch's artifacts plus the files it added."""
+    def collect(self, adapter: TorchAdapter | None) -> Entries:
+        """What this session compiled or hit: torch's artifacts (none without ``adapter``) plus the files it added."""
         session = Entries()
         try:
-            container = adapter.save()
+            container = adapter.save() if adapter is not None else None
         except Exception as exc:  # noqa: BLE001
             self.problem(f"torch.compiler.save_cache_artifacts failed: {type(exc).__name__}: {exc}")
             container = None
@@ -818,7 +818,7 @@ class CacheSession:
                 worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None) -> None:
         up = self.upload_stats
         deadline = Deadline(self.upload_timeout, "the upload", "--megacache-upload-timeout")
-        session = self.collect(adapter) if adapter is not None else Entries()
+        session = self.collect(adapter)
         if worker_entries is not None:
             session.merge(worker_entries)
         if worker_profiles:

@@ -171,6 +171,14 @@ class Entries:
             else:
                 self.add(entry)
 
+    def __eq__(self, other: object) -> bool:
+        """The same entries (by ``(kind, name)``, then bytes), in any order."""
+        if not isinstance(other, Entries):
+            return NotImplemented
+        return self._items == other._items
+
+    __hash__ = None  # type: ignore[assignment]
+
     def __contains__(self, ident: object) -> bool:
         return ident in self._items
 

@@ -66,7 +66,7 @@ class Source:
             fh.seek(offset)
             return fh.read(n)
 
-        return cls(os.fstat(fh.fileno()).st_size, read_at)
+        return cls(fh.seek(0, os.SEEK_END), read_at)
 
     def digest(self, offset: int) -> bytes:
         """The SHA-256 of everything from ``offset`` on."""

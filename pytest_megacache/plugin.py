@@ -572,7 +572,7 @@ class Controller(Role):
         from . import xdist
 
         assert self.ctx.fingerprint is not None
-        self.takeover = xdist.Takeover(self.ctx.fingerprint.key)
+        self.takeover = xdist.Takeover(self.ctx.fingerprint.key, self._scratch)
         with self.contained("starting the restore"):
             self.stage_dir = xdist.make_stage_dir()
             # No roots: workers restore files into their own directories.
@@ -625,6 +625,10 @@ class Controller(Role):
         cs.wait_diagnosis()
         self.notes.extend(cs.notes)
         self.read_children()
+
+    def _scratch(self) -> str:
+        assert self.session is not None
+        return self.session.scratch()
 
     def release(self) -> None:
         """Also removes the staging directory (the restored object, the workers' hand-overs), whatever happened to

@@ -7,6 +7,7 @@ writes a temp file and renames it). Names are validated on the way in and on the
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
 import threading
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from .errors import StoreError, redact_cut
-from .fsutil import TooLarge, copy_regular, read_regular, write_atomic
+from .fsutil import TooLarge, copy_regular, write_atomic
 from .layout import OBJECT_SUFFIX, valid_object_name, valid_segment
 
 if TYPE_CHECKING:
@@ -135,7 +136,11 @@ class MemoryStore:
         return True
 
     def put_file(self, folder: str, name: str, path: str) -> None:
-        self.put(folder, name, Path(path).read_bytes())
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
+        self.put(folder, name, data)
 
     def delete(self, folder: str, name: str) -> None:
         with self._lock:
@@ -186,15 +191,8 @@ class LocalDirStore:
 
     def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
         """The object, refused over ``max_bytes`` and when it is not a regular file (a link is not followed)."""
-        path = self._object(folder, name)
-        try:
-            return read_regular(path, max_bytes)
-        except FileNotFoundError:
-            return None
-        except TooLarge as exc:
-            raise StoreError(f"object {name} is {exc.size} bytes, over the limit of {max_bytes}", "too-large") from exc
-        except OSError as exc:
-            raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
+        out = io.BytesIO()
+        return out.getvalue() if self.fetch(folder, name, max_bytes, out) else None
 
     def head(self, folder: str, name: str, nbytes: int) -> bytes | None:
         path = self._object(folder, name)
@@ -357,25 +355,8 @@ class S3Store:
         return response
 
     def get(self, folder: str, name: str, max_bytes: int) -> bytes | None:
-        from botocore.exceptions import BotoCoreError
-
-        response = self._get_object(folder, name)
-        if response is None:
-            return None
-        key = self._key(folder, name)
-        body = response["Body"]
-        try:
-            if int(response.get("ContentLength", 0)) > max_bytes:
-                raise StoreError(f"object {name} is {response['ContentLength']} bytes, over the limit of {max_bytes}",
-                                 "too-large")
-            data: bytes = body.read(max_bytes + 1)
-        except (BotoCoreError, OSError) as exc:
-            raise StoreError(f"S3 read of {key} failed: {_describe(exc)}", _classify(exc)) from exc
-        finally:
-            body.close()
-        if len(data) > max_bytes:
-            raise StoreError(f"object {name} is over the limit of {max_bytes} bytes", "too-large")
-        return data
+        out = io.BytesIO()
+        return out.getvalue() if self.fetch(folder, name, max_bytes, out) else None
 
     def fetch(self, folder: str, name: str, max_bytes: int, dest: BinaryIO) -> bool:
         response = self._get_object(folder, name)

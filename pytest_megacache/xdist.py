@@ -19,6 +19,7 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,17 +115,23 @@ def hand_over(stage_dir: Path | None, worker_id: str, entries: Entries, fingerpr
     return {"object": None, "data": blob, "sha256": hashlib.sha256(blob).hexdigest()}
 
 
-def take_over(output: dict[str, Any], fingerprint: str) -> Entries:
-    """The controller's side of :func:`hand_over`. Raises BundleError or OSError."""
+def take_over(output: dict[str, Any], fingerprint: str, scratch_dir: str | None = None) -> Entries:
+    """The controller's side of :func:`hand_over`; with ``scratch_dir``, the files a worker's object holds are
+    written there (a chunk at a time) rather than held in memory. Raises BundleError or OSError."""
     if output.get("data") is not None:
         blob = bytes(output["data"])
-    elif output.get("object"):
-        blob = Path(str(output["object"])).read_bytes()
-    else:
+        if hashlib.sha256(blob).hexdigest() != output.get("sha256"):
+            raise BundleError("worker's object does not match its digest")
+        return bundlemod.decode(blob, fingerprint)[1]
+    if not output.get("object"):
         return Entries()
-    if hashlib.sha256(blob).hexdigest() != output.get("sha256"):
-        raise BundleError("worker's object does not match its digest")
-    return bundlemod.decode(blob, fingerprint)[1]
+    with open(str(output["object"]), "rb") as fh:
+        sha = hashlib.sha256()
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(chunk)
+        if sha.hexdigest() != output.get("sha256"):
+            raise BundleError("worker's object does not match its digest")
+        return bundlemod.read_object(fh, fingerprint, scratch_dir=scratch_dir)[1].entries
 
 
 def worker_dir(base: str, worker_id: str) -> str:
@@ -139,8 +146,9 @@ class Takeover:
     restored into its own directories, what each loaded into torch, its compile threads, its Triton kernels),
     summed here and kept per worker too (:meth:`fold`, :meth:`stats`)."""
 
-    def __init__(self, fingerprint: str) -> None:
+    def __init__(self, fingerprint: str, scratch_dir: Callable[[], str] | None = None) -> None:
         self.fingerprint = fingerprint
+        self.scratch_dir = scratch_dir  # where the files workers hand over go (the session's scratch directory)
         self.entries = Entries()
         self.profiles: dict[tuple[str, str], list[Entry]] = {}  # every worker's copy: merged at the end
         self.torch: list[dict[str, Any]] = []  # each worker's torch figures
@@ -164,7 +172,8 @@ class Takeover:
                                  f"({error or 'no output'}); only its new artifacts are lost")
             return
         try:
-            for entry in take_over(output, self.fingerprint):
+            scratch = self.scratch_dir() if self.scratch_dir is not None else None
+            for entry in take_over(output, self.fingerprint, scratch):
                 if entry.kind in bundlemod.MUTABLE_KINDS:
                     self.profiles.setdefault(entry.ident, []).append(entry)
                 else:

@@ -3,6 +3,7 @@ each backend's own failure classification, exercised for real."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import time
@@ -174,6 +175,24 @@ def test_get_over_max_bytes(store: Store) -> None:
         store.get(FOLDER, name(1), max_bytes=100)
     assert info.value.kind == "too-large"
     assert store.get(FOLDER, name(1), max_bytes=101) == b"y" * 101
+
+
+def test_fetch_and_put_file_stream_whole_objects(store: Store, tmp_path: Path) -> None:
+    """Objects go to and from files a chunk at a time: several chunks, a missing name, a limit, an existing name."""
+    data = bytes(range(256)) * 9000  # over two chunks
+    source = tmp_path / "object"
+    source.write_bytes(data)
+    store.put_file(FOLDER, name(1), str(source))
+    assert store.get(FOLDER, name(1), max_bytes=len(data)) == data
+    got = io.BytesIO()
+    assert store.fetch(FOLDER, name(1), len(data), got) and got.getvalue() == data
+    assert not store.fetch(FOLDER, name(9), len(data), io.BytesIO())
+    with pytest.raises(StoreError, match=f"over the limit of {len(data) - 1}") as info:
+        store.fetch(FOLDER, name(1), len(data) - 1, io.BytesIO())
+    assert info.value.kind == "too-large"
+    with pytest.raises(StoreError):
+        store.put_file(FOLDER, name(2), str(tmp_path / "missing"))
+    assert [o.name for o in store.list(FOLDER)] == [name(1)]
 
 
 def test_delete_then_get(store: Store) -> None:
