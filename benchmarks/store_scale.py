@@ -90,7 +90,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     finished = time.perf_counter() - start
     r, up = session.restore_stats, session.upload_stats
     return {"restore_s": round(restored, 2), "finish_s": round(finished, 2), "fetched": r.bytes_fetched,
-            "raw_fetched": r.raw_fetched, "raw_unique": r.raw_unique, "objects_used": r.objects_used,
+            "raw_fetched": r.raw_fetched, "raw_unique": r.raw_unique, "raw_decompressed": r.raw_decompressed,
+            "objects_used": r.objects_used,
             "files_written": r.files_written, "uploaded": up.bytes + up.merged_bytes, "objects_up":
             up.objects + up.merged_objects, "problems": session.problems,
             "peak_mb": peak_mb()}
@@ -243,11 +244,11 @@ def print_size(row: dict[str, Any]) -> None:
 
 def print_shards(row: dict[str, Any]) -> None:
     print(f"\n{row['store']:>3} four shards, {mb(row['raw'])} raw in all (half of it in every shard)")
-    print("  warm restore        seconds  objects  fetched  raw fetched  raw distinct")
+    print("  warm restore        seconds  objects  fetched  raw fetched  raw distinct  decompressed")
     for label, key in (("before merging", "before"), ("merging session", "merging"), ("after merging", "after")):
         r = row[key]
         print(f"  {label:<18} {r['restore_s']:7.1f}  {r['objects_used']:7d}  {mb(r['fetched']):>7}  "
-              f"{mb(r['raw_fetched']):>11}  {mb(r['raw_unique']):>12}")
+              f"{mb(r['raw_fetched']):>11}  {mb(r['raw_unique']):>12}  {mb(r['raw_decompressed']):>12}")
     print(f"  the merging session stored {row['merging']['objects_up']} object(s), {mb(row['merging']['uploaded'])}, "
           f"in {row['merging']['finish_s']:.1f} s")
 

@@ -440,7 +440,8 @@ class CacheSession:
         finally:
             _unlink(got.path)
         got.header, got.entries = header, decoded.entries
-        self.restore_stats.raw_fetched += decoded.decompressed
+        self.restore_stats.raw_fetched += decoded.entries.raw_bytes()
+        self.restore_stats.raw_decompressed += decoded.decompressed
 
     def _fetch_all(self, store: Store, listing: list[tuple[str, ObjectInfo]], deadline: Deadline) -> list[Fetched]:
         """Every listed object, fetched and validated. An object deleted between the listing and its fetch was

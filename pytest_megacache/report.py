@@ -32,6 +32,8 @@ class RestoreStats:
     bytes_fetched: int = 0
     raw_fetched: int = 0  # what the objects used hold, decompressed
     raw_unique: int = 0  # of that, each entry counted once (what overlapping objects hold twice, once)
+    raw_decompressed: int = 0  # what was decompressed: an entry another object gave already is not, unless its
+    # frame (small entries share one) held an entry that was not there yet
     folders: dict[str, int] = field(default_factory=dict)  # objects used per folder (scope)
     entries: dict[str, int] = field(default_factory=dict)
     files_written: int = 0
@@ -410,7 +412,8 @@ def _restore_lines(r: RestoreStats, verbose: int, xd: XdistStats | None = None) 
              + (f", {r.objects_rejected} objects refused" if r.objects_rejected else "")]
     if r.raw_fetched > r.raw_unique:
         lines.append(f"the objects overlap: {human_bytes(r.raw_fetched)} raw fetched for {human_bytes(r.raw_unique)} "
-                     f"of distinct entries ({human_bytes(r.raw_fetched - r.raw_unique)} held more than once)")
+                     f"of distinct entries ({human_bytes(r.raw_fetched - r.raw_unique)} held more than once; "
+                     f"{human_bytes(r.raw_decompressed)} decompressed)")
     if verbose > 0 and r.folders:
         lines.append("  from " + ", ".join(f"{folder} ({n})" for folder, n in r.folders.items()))
     if r.why_miss:
