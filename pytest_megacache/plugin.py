@@ -628,7 +628,7 @@ class Controller(Role):
 
     def _scratch(self) -> str:
         assert self.session is not None
-        return self.session.scratch()
+        return self.session.scratch.path()
 
     def release(self) -> None:
         """Also removes the staging directory (the restored object, the workers' hand-overs), whatever happened to

@@ -339,14 +339,14 @@ def restored_with_profile(tmp_path: Path, data: bytes | None) -> CacheSession:
 def test_worker_profiles_equal_to_the_restored_one_need_no_merge(tmp_path: Path) -> None:
     s = restored_with_profile(tmp_path, b"P")
     calls: list[Any] = []
-    out = s.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"P")] * 2}, 5,
+    out = s.upload.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"P")] * 2}, 5,
                                   merge=lambda *a: calls.append(a))  # type: ignore[func-returns-value]
     assert not out and not calls and s.upload_stats.profiles_merged == 0
 
 
 def test_a_single_new_profile_is_taken_as_it_is(tmp_path: Path) -> None:
     s = restored_with_profile(tmp_path, None)
-    out = s.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"A"), bundlemod.Entry(*PGO, b"A")]}, 5,
+    out = s.upload.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"A"), bundlemod.Entry(*PGO, b"A")]}, 5,
                                   merge=lambda *a: pytest.fail("no merge needed"))
     assert [e.data for e in out] == [b"A"]
 
@@ -360,14 +360,14 @@ def test_copies_that_differ_are_merged_with_the_restored_one_as_base(tmp_path: P
         return b"P+A+B"
 
     copies = {PGO: [bundlemod.Entry(*PGO, d) for d in (b"P+A", b"P", b"P+B", b"P+A")]}
-    out = s.merge_worker_profiles(copies, 5, merge=merge)
+    out = s.upload.merge_worker_profiles(copies, 5, merge=merge)
     assert seen == [(b"P", [b"P+A", b"P+B"])]  # distinct copies that differ from the base, in order
     assert [e.data for e in out] == [b"P+A+B"] and s.upload_stats.profiles_merged == 1
 
 
 def test_a_merge_that_adds_nothing_uploads_nothing(tmp_path: Path) -> None:
     s = restored_with_profile(tmp_path, b"P")
-    out = s.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"P'")]}, 5, merge=lambda *a: None)
+    out = s.upload.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"P'")]}, 5, merge=lambda *a: None)
     assert not out and s.upload_stats.profiles_merged == 1
 
 
@@ -378,7 +378,7 @@ def test_a_failed_merge_warns_and_keeps_the_newest_copy(tmp_path: Path) -> None:
         raise ProfileMergeError("no torch here")
 
     s = restored_with_profile(tmp_path, None)
-    out = s.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"A"), bundlemod.Entry(*PGO, b"B")]}, 5, merge=merge)
+    out = s.upload.merge_worker_profiles({PGO: [bundlemod.Entry(*PGO, b"A"), bundlemod.Entry(*PGO, b"B")]}, 5, merge=merge)
     assert [e.data for e in out] == [b"B"]
     [problem] = s.new_problems()
     assert "could not merge the xdist workers' dynamic-shape profiles (no torch here)" in problem

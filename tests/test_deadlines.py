@@ -16,6 +16,7 @@ from pytest_megacache.bundle import Entries, Entry, Limits
 from pytest_megacache.core import CacheSession
 from pytest_megacache.deadline import Deadline, bounded, bounded_map
 from pytest_megacache.errors import StoreError
+from pytest_megacache.restore import Restore
 from pytest_megacache.settings import Settings
 from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store, from_settings
 
@@ -95,14 +96,14 @@ def test_a_restore_stuck_past_its_grace_is_abandoned_and_writes_nothing(tmp_path
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     store = MemoryStore()
     run(store, tmp_path, "cold", [KEY_A])
-    real_commit = CacheSession._commit
+    real_commit = Restore._commit
     resume = threading.Event()
 
-    def slow_commit(self: CacheSession) -> bool:  # local work (a huge merge, a starved CPU) past the grace
+    def slow_commit(self: Restore) -> bool:  # local work (a huge merge, a starved CPU) past the grace
         resume.wait()
         return real_commit(self)
 
-    monkeypatch.setattr(CacheSession, "_commit", slow_commit)
+    monkeypatch.setattr(Restore, "_commit", slow_commit)
     s = CacheSession(store_factory=lambda: store, folder=FOLDER, fingerprint=FP, roots=[], reads=True, writes=True,
                      restore_timeout=0.3)
     s.start_restore()
@@ -111,8 +112,8 @@ def test_a_restore_stuck_past_its_grace_is_abandoned_and_writes_nothing(tmp_path
     assert time.monotonic() - start < 0.3 + 1.0 + 1.0
     assert s.wait_restore() is False
     resume.set()
-    assert s._thread is not None
-    s._thread.join(5)
+    assert s.restore._thread is not None
+    s.restore._thread.join(5)
     assert len(s.restored) == 0 and s.restore_stats.ok is False  # abandoned: nothing written after the fact
     s.finish(FakeTorch([KEY_B]))  # type: ignore[arg-type]
     assert s.problems == ["restore did not finish within 0.3 s (--megacache-timeout); the session went on without it "
