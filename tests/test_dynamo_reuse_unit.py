@@ -1,5 +1,5 @@
-"""dynamo_reuse's checks on their own, without torch: what makes two code objects the same, the paths and proofs
-of identity guards, the stored form of guards, and the report's line."""
+"""Dynamo reuse's checks on their own, without torch (dynamo_proofs): what makes two code objects the same, the
+paths and proofs of identity guards, the stored form of guards; and the checked releases and the report's line."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pytest_megacache import dynamo_proofs as dp
 from pytest_megacache import dynamo_reuse as dr
 from pytest_megacache.report import dynamo_reuse_text
 
@@ -28,7 +29,7 @@ def _function(source: str, name: str = "f", filename: str = "/project/mod.py",
 def test_the_same_source_gives_the_same_digest_wherever_the_file_lies() -> None:
     a = _function("def f(x):\n    return x * 2 + 1\n", filename="/ci/a/mod.py")
     b = _function("def f(x):\n    return x * 2 + 1\n", filename="/home/me/mod.py")
-    assert dr.code_digest(a.__code__) == dr.code_digest(b.__code__)
+    assert dp.code_digest(a.__code__) == dp.code_digest(b.__code__)
 
 
 @pytest.mark.parametrize("edited", [
@@ -41,13 +42,13 @@ def test_the_same_source_gives_the_same_digest_wherever_the_file_lies() -> None:
 ])
 def test_any_edit_that_decides_behaviour_changes_the_digest(edited: str) -> None:
     base = _function("def f(x):\n    return x * 2 + 1\n")
-    assert dr.code_digest(base.__code__) != dr.code_digest(_function(edited).__code__)
+    assert dp.code_digest(base.__code__) != dp.code_digest(_function(edited).__code__)
 
 
 def test_nested_code_is_compared_recursively() -> None:
     a = _function("def f(x):\n    def g():\n        return x * 2\n    return g()\n")
     b = _function("def f(x):\n    def g():\n        return x * 3\n    return g()\n")
-    assert dr.code_digest(a.__code__) != dr.code_digest(b.__code__)
+    assert dp.code_digest(a.__code__) != dp.code_digest(b.__code__)
 
 
 def test_a_frozenset_constant_is_digested_in_a_fixed_order() -> None:
@@ -56,7 +57,7 @@ def test_a_frozenset_constant_is_digested_in_a_fixed_order() -> None:
     [const] = [c for c in code.co_consts if isinstance(c, frozenset)]
     reordered = code.replace(co_consts=tuple(frozenset(sorted(const, reverse=True)) if c is const else c
                                              for c in code.co_consts))
-    assert dr.code_digest(code) == dr.code_digest(reordered)
+    assert dp.code_digest(code) == dp.code_digest(reordered)
 
 
 def test_entry_ids_differ_by_module_path_and_code_but_not_by_checkout_place(tmp_path: Any) -> None:
@@ -64,11 +65,11 @@ def test_entry_ids_differ_by_module_path_and_code_but_not_by_checkout_place(tmp_
     root_a, root_b = tmp_path / "a", tmp_path / "b"
     a = _function(source, filename=str(root_a / "pkg" / "calc.py"), module="pkg.calc")
     b = _function(source, filename=str(root_b / "pkg" / "calc.py"), module="pkg.calc")
-    assert dr.source_id(a, str(root_a)) == dr.source_id(b, str(root_b))  # two checkouts of one project
+    assert dp.source_id(a, str(root_a)) == dp.source_id(b, str(root_b))  # two checkouts of one project
     other_module = _function(source, filename=str(root_a / "pkg" / "other.py"), module="pkg.other")
-    assert dr.source_id(other_module, str(root_a)) != dr.source_id(a, str(root_a))  # same name, same line
+    assert dp.source_id(other_module, str(root_a)) != dp.source_id(a, str(root_a))  # same name, same line
     edited = _function("def f(x):\n    return x + 2\n", filename=str(root_a / "pkg" / "calc.py"), module="pkg.calc")
-    assert dr.source_id(edited, str(root_a)) != dr.source_id(a, str(root_a))
+    assert dp.source_id(edited, str(root_a)) != dp.source_id(a, str(root_a))
 
 
 def test_an_entry_id_is_the_function_behind_a_bound_method() -> None:
@@ -77,7 +78,7 @@ def test_an_entry_id_is_the_function_behind_a_bound_method() -> None:
     class Holder:
         method = fn
 
-    assert dr.source_id(Holder().method, "/") == dr.source_id(fn, "/")
+    assert dp.source_id(Holder().method, "/") == dp.source_id(fn, "/")
 
 
 @pytest.mark.parametrize(("name", "steps"), [
@@ -87,58 +88,58 @@ def test_an_entry_id_is_the_function_behind_a_bound_method() -> None:
     ("G['__builtins_dict___3']['len']", [("global", "__builtins_dict___3"), ("key", "len")]),
 ])
 def test_paths_from_the_globals_parse(name: str, steps: list[tuple[str, str]]) -> None:
-    assert dr.parse_path(name) == steps
+    assert dp.parse_path(name) == steps
 
 
 @pytest.mark.parametrize("name", ["L['self']", "G['f'].__closure__[0].cell_contents", "G['x'][0]",
                                   "___odict_getitem(G['d'], 'k')", "G['x'].y + 1"])
 def test_other_sources_do_not_parse(name: str) -> None:
-    assert dr.parse_path(name) is None
+    assert dp.parse_path(name) is None
 
 
 def test_proofs_hold_for_the_same_objects_and_fail_for_rebound_ones() -> None:
     helper = _function("def helper(x):\n    return x + 1\n", name="helper")
     scope = {"math": math, "helper": helper, "os": os}
-    proofs = [dr.prove("G['math'].sqrt", math.sqrt, scope), dr.prove("G['helper']", helper, scope),
-              dr.prove("G['os'].path", os.path, scope)]
-    dr.check_proofs(json.loads(json.dumps(proofs)), scope)  # stored as JSON: the check reads what was stored
-    dr.check_proofs(proofs, {**scope, "helper": _function("def helper(x):\n    return x + 1\n", name="helper")})
-    with pytest.raises(dr.Refused) as rebound:
-        dr.check_proofs(proofs, {**scope, "helper": _function("def helper(x):\n    return x - 1\n", name="helper")})
+    proofs = [dp.prove("G['math'].sqrt", math.sqrt, scope), dp.prove("G['helper']", helper, scope),
+              dp.prove("G['os'].path", os.path, scope)]
+    dp.check_proofs(json.loads(json.dumps(proofs)), scope)  # stored as JSON: the check reads what was stored
+    dp.check_proofs(proofs, {**scope, "helper": _function("def helper(x):\n    return x + 1\n", name="helper")})
+    with pytest.raises(dp.Refused) as rebound:
+        dp.check_proofs(proofs, {**scope, "helper": _function("def helper(x):\n    return x - 1\n", name="helper")})
     assert rebound.value.reason == "global_changed"
-    with pytest.raises(dr.Refused) as gone:
-        dr.check_proofs(proofs, {"math": math, "os": os})
+    with pytest.raises(dp.Refused) as gone:
+        dp.check_proofs(proofs, {"math": math, "os": os})
     assert gone.value.reason == "global_changed"
 
 
 @pytest.mark.parametrize("obj", [object(), [1, 2], functools.partial(math.sqrt, 4.0), {"a": 1}])
 def test_an_identity_guard_on_an_object_without_a_stable_name_is_not_provable(obj: object) -> None:
-    with pytest.raises(dr.Refused) as refused:
-        dr.prove("G['thing']", obj, {"thing": obj})
+    with pytest.raises(dp.Refused) as refused:
+        dp.prove("G['thing']", obj, {"thing": obj})
     assert refused.value.reason == "unsupported_guard"
 
 
 def test_a_path_that_does_not_reach_the_guarded_object_is_not_provable() -> None:
-    with pytest.raises(dr.Refused):
-        dr.prove("G['math']", os, {"math": math})
+    with pytest.raises(dp.Refused):
+        dp.prove("G['math']", os, {"math": math})
 
 
 def test_describe_names_what_another_process_can_find_again() -> None:
-    assert dr.describe(math) == ["module", "math"]
-    assert dr.describe(math.sqrt) == ["builtin", "builtin_function_or_method", "math", "sqrt"]
-    assert dr.describe(dict) == ["class", "builtins", "dict"]
-    assert dr.describe(None) == ["const", "None"]
+    assert dp.describe(math) == ["module", "math"]
+    assert dp.describe(math.sqrt) == ["builtin", "builtin_function_or_method", "math", "sqrt"]
+    assert dp.describe(dict) == ["class", "builtins", "dict"]
+    assert dp.describe(None) == ["const", "None"]
     closure = _function("def outer():\n    k = 1\n    def f():\n        return k\n    return f\n", name="outer")()
-    assert dr.describe(closure) is None  # its cells are state no description carries
-    assert dr.describe("text".upper) is None  # bound to an instance
+    assert dp.describe(closure) is None  # its cells are state no description carries
+    assert dp.describe("text".upper) is None  # bound to an instance
 
 
 def test_guards_travel_with_their_proofs_and_without_them_are_refused() -> None:
     proofs = [{"path": [["global", "math"]], "is": ["module", "math"]}]
-    packed = dr.pack_guards(proofs, b"torch's pickle")
-    assert dr.unpack_guards(packed) == (proofs, b"torch's pickle")
-    with pytest.raises(dr.Refused):
-        dr.unpack_guards(b"torch's pickle")  # what torch stores by itself: no proofs, never used
+    packed = dp.pack_guards(proofs, b"torch's pickle")
+    assert dp.unpack_guards(packed) == (proofs, b"torch's pickle")
+    with pytest.raises(dp.Refused):
+        dp.unpack_guards(b"torch's pickle")  # what torch stores by itself: no proofs, never used
 
 
 def test_only_checked_releases_are_allowed() -> None:
