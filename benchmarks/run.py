@@ -49,7 +49,6 @@ import importlib.util
 import json
 import os
 import platform
-import secrets
 import shutil
 import statistics
 import subprocess
@@ -58,29 +57,35 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "example_project"
-sys.path.insert(0, str(ROOT))  # pytest_megacache from this checkout, for the objects check
-sys.path.insert(0, str(ROOT / "demo"))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # varied.py, also when this file is imported by path (the tests)
-from local_s3 import LocalS3, clean_env  # the S3 server the demo and the tests use too  # noqa: E402
-from varied import make_varied_project  # benchmarks/varied.py, beside this script  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the package, also when this file is imported by path
+from megabench import ROOT  # the package puts this checkout's folders on sys.path
+from megabench.console import human_bytes, say
+from megabench.records import Run, failure_reason, fill_from_report, load_json, lookup, triton_events
+from megabench.runner import S3, TAIL_CHARS, THREADS_FLAG, Dirs, Runner, clean_env, has_threads_option, plugin_args
+from megabench.workloads import (
+    CHILD_PTH,
+    Workload,
+    child_records_installed,
+    make_children,
+    make_example,
+    make_mixed,
+    make_ranks,
+    make_synthetic,
+    make_varied,
+    synthetic_source,
+)
 
-from pytest_megacache.report import PHASES  # noqa: E402 - the plugin's phases, from this checkout
+from pytest_megacache.report import PHASES  # the plugin's phases, from this checkout
 
-THREADS_FLAG = "--megacache-compile-threads"
+__all__ = ["PHASES", "PHASE_COLORS", "ROOT", "Run", "Runner", "Workload", "apart_lines", "bench_workload", "clean_env",
+           "env_label", "failure_reason", "fill_from_report", "main", "make_children", "make_mixed", "make_ranks",
+           "phase_lines", "phase_rows", "plot", "plugin_args", "synthetic_source", "triton_events", "workload_tables"]
+
 ISA_FLAG = "--megacache-reuse-isa-check"
-CHILD_PTH = "pytest_megacache_children.pth"  # installed with the package: child processes report their counters
 NAIVE_ZSTD_LEVEL = 3
-TAIL_CHARS = 4000
-# The example project's conftest logs each Triton compile in its processes to this file when the variable is set
-# (a listener that only observes); other workloads ignore it.
-TRITON_EVENTS_ENV = "EXAMPLE_TRITON_EVENTS"
-TRITON_EVENTS_FILE = "triton-events.jsonl"
 
 # Targets: (ratio name, bound, comparison); the warm/cold bound depends on the device.
 WARM_COLD_TARGET = {"cuda": 0.05, "cpu": 0.2}
@@ -100,389 +105,6 @@ MODE_COLORS = {"plain": "#7f8c8d",
                "cold": "#c0392b", "warm": "#27ae60", "warm-auto": "#16a085", "warm-keep": "#1abc9c", "hot": "#2980b9",
                "naive": "#8e44ad", "cold-xdist": "#e67e22", "warm-xdist": "#f1c40f",
                "warm-isa-off": "#d98880"}  # one color per mode
-
-
-def say(message: str) -> None:
-    print(f"[bench] {message}", flush=True)
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
-# --- the S3 server ---------------------------------------------------------------------------------
-class S3(LocalS3):
-    """The demo's S3 server (demo/local_s3.py), with a clear message when moto is missing."""
-
-    def __init__(self) -> None:
-        try:
-            super().__init__()
-        except ImportError:
-            sys.exit("benchmarks/run.py needs moto's server: pip install -r benchmarks/requirements.txt")
-
-
-# --- workloads -------------------------------------------------------------------------------------
-@dataclass
-class Workload:
-    name: str
-    cwd: Path
-    args: list[str]  # pytest arguments selecting the tests
-    ini: Path  # the workload's ini file (the idle run uses it so prefix and layout match)
-    device: str
-    # The pytest process compiles nothing: the compiles happen in child processes, whose own records (the report's
-    # torch.children) give the counters and compile seconds.
-    children: bool = False
-
-
-# Pointwise ops that Inductor fuses into one kernel; each function picks a chain and bakes its own
-# constants into the graph, so every function has its own FX graph key and its own compiled kernel.
-_OPS = ("torch.sin({})", "torch.cos({})", "torch.tanh({})", "torch.sigmoid({})", "torch.relu({})",
-        "torch.abs({})", "torch.erf({})", "torch.neg({})")
-
-
-def synthetic_source(n: int, device: str) -> str:
-    out = ["import torch", "", f"DEVICE = {device!r}", ""]
-    for i in range(n):
-        a, b, c = _OPS[i % len(_OPS)], _OPS[(i // len(_OPS) + 3) % len(_OPS)], _OPS[(i * 5 + 1) % len(_OPS)]
-        k1, k2, k3 = 1 + (i + 1) / 1000, 0.25 + i / 997, 0.5 + i / 991
-        out += ["", f"def f_{i}(x):",
-                f"    y = {a.format(f'x * {k1!r}')} + {k2!r}",
-                f"    y = {b.format('y')} * {k3!r}"]
-        if i % 2:
-            out.append(f"    y = {c.format('y')} - {k2!r}")
-        out += ["    return y", "", "",
-                f"def test_f_{i}():",
-                f"    torch.manual_seed({i})",
-                "    x = torch.randn(1024, device=DEVICE)",
-                f"    torch.testing.assert_close(torch.compile(f_{i})(x), f_{i}(x), atol=1e-4, rtol=1e-4)", ""]
-    return "\n".join(out) + "\n"
-
-
-def make_synthetic(base: Path, n: int, device: str) -> Workload:
-    project = base / f"synthetic-{n}"
-    project.mkdir(parents=True)
-    (project / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    ignore:Failed to initialize NumPy:UserWarning\n")
-    source = synthetic_source(n, device)
-    compile(source, "test_synthetic.py", "exec")  # a generator bug fails here, loudly
-    (project / "test_synthetic.py").write_text(source)
-    return Workload(f"synthetic-{n}", project, ["test_synthetic.py"], project / "pytest.ini", device)
-
-
-def make_varied(base: Path, n: int, device: str) -> Workload:
-    """``n`` small compiled functions of varied kinds (benchmarks/varied.py): a suite with many small graphs."""
-    project, args, ini = make_varied_project(base, n, device)
-    return Workload(f"varied-{n}", project, args, ini, device)
-
-
-def make_example(device: str) -> Workload:
-    marker = "gpu" if device == "cuda" else "not gpu"
-    return Workload("example", EXAMPLE, ["tests", "-m", marker], EXAMPLE / "pyproject.toml", device)
-
-
-def make_mixed(device: str) -> Workload:
-    """The example project's CPU and GPU tests in one session (on ``cuda``; on ``cpu`` the GPU tests skip), without
-    the 2-rank distributed test, whose wall is process start-up: a suite that compiles for both devices."""
-    return Workload("mixed", EXAMPLE, ["tests", "-k", "not distributed"], EXAMPLE / "pyproject.toml", device)
-
-
-def make_ranks(device: str) -> Workload:
-    """The example project's 2-rank DDP + torch.compile test, the ranks started by ``torch.multiprocessing.spawn``
-    and by ``torchrun``: NCCL when two GPUs are present, gloo on the CPU otherwise (the test decides)."""
-    return Workload("ranks", EXAMPLE, ["tests/test_distributed.py"], EXAMPLE / "pyproject.toml", device, children=True)
-
-
-# A child process's compile: an MLP training step (forward and backward) under torch.compile, checked against eager.
-CHILD_SCRIPT = """\
-import sys
-
-import torch
-
-device = torch.device(sys.argv[1])
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512),
-                            torch.nn.Linear(512, 64)).to(device)
-x = torch.randn(32, 256, device=device)
-
-
-def step(x):
-    loss = model(x).square().mean()
-    loss.backward()
-    return loss
-
-
-expected = step(x).detach()
-model.zero_grad()
-torch.testing.assert_close(torch.compile(step)(x).detach(), expected, atol=1e-4, rtol=1e-4)
-"""
-
-CHILD_TEST = """\
-import subprocess
-import sys
-from pathlib import Path
-
-import torch  # the pytest process imports torch (the restore starts at collection) but compiles nothing
-
-DEVICE = {device!r}
-
-
-def test_a_training_step_compiled_in_a_child_process():
-    assert DEVICE == "cpu" or torch.cuda.is_available()
-    subprocess.run([sys.executable, str(Path(__file__).with_name("child_step.py")), DEVICE], check=True, timeout=900)
-"""
-
-
-def make_children(base: Path, device: str) -> Workload:
-    """A test whose only compile runs in a child Python process (``subprocess``): a training step on ``device``."""
-    project = base / "children"
-    project.mkdir(parents=True)
-    (project / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    ignore:Failed to initialize NumPy:UserWarning\n")
-    (project / "child_step.py").write_text(CHILD_SCRIPT)
-    (project / "test_children.py").write_text(CHILD_TEST.format(device=device))
-    return Workload("children", project, ["test_children.py"], project / "pytest.ini", device, children=True)
-
-
-def child_records_installed() -> bool:
-    """Whether this interpreter's site-packages hold the package's ``.pth`` (child processes report their counters)."""
-    import site
-
-    dirs = [*site.getsitepackages(), site.getusersitepackages()]
-    return any(Path(d, CHILD_PTH).is_file() for d in dirs)
-
-
-# --- running pytest --------------------------------------------------------------------------------
-def plugin_args() -> tuple[list[str], list[str], bool]:
-    """(args loading the plugin, args removing it, installed?): the entry point, else ``-p`` from this checkout."""
-    installed = any(ep.name == "megacache" for ep in importlib.metadata.entry_points(group="pytest11"))
-    if installed:
-        return [], ["-p", "no:megacache"], True
-    return ["-p", "pytest_megacache.plugin"], [], False
-
-
-def base_env(s3: S3) -> dict[str, str]:
-    env = clean_env()  # settings of the calling shell that would change what is measured are dropped
-    env.update(s3.env(no_aws_files=os.devnull))
-    # The local server takes any credentials. Random ones: the plugin refuses to store a compiled entry that holds
-    # a credential's value, and a word such as "testing" is also in the tests' own code (torch.testing).
-    env.update(AWS_ACCESS_KEY_ID="bench" + secrets.token_hex(8), AWS_SECRET_ACCESS_KEY=secrets.token_hex(20))
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return env
-
-
-@dataclass
-class Dirs:
-    inductor: Path
-    triton: Path
-    tmp: Path
-
-    @classmethod
-    def fresh(cls, root: Path) -> Dirs:
-        dirs = cls(root / "inductor-cache", root / "triton-cache", root / "tmp")
-        for path in (dirs.inductor, dirs.triton, dirs.tmp):
-            path.mkdir(parents=True)
-        return dirs
-
-
-@dataclass
-class Run:
-    """One pytest process and what it measured."""
-
-    workload: str
-    mode: str
-    repeat: int
-    ok: bool = False
-    error: str | None = None
-    returncode: int | None = None
-    wall: float | None = None
-    compile_seconds: float | None = None
-    compiles: int | None = None
-    fx_hit: int | None = None
-    fx_miss: int | None = None
-    aot_hit: int | None = None
-    aot_miss: int | None = None
-    upload_bytes: int | None = None
-    upload_raw_bytes: int | None = None
-    bytes_moved: int | None = None
-    restore_seconds: float | None = None
-    objects_used: int | None = None
-    compile_threads: str | None = None
-    single_thread: bool | None = None  # whether the plugin chose one compile thread (auto policy engaged)
-    problems: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    log: str | None = None
-    # where each process's seconds went (the report's "processes": the session's own, then xdist workers'),
-    # and the session process's exit (interpreter shutdown, Inductor's pool): wall minus what its report covers
-    processes: list[dict[str, Any]] = field(default_factory=list)
-    exit_seconds: float | None = None
-    # Triton compiles in the pytest process, from the example project's listener (EXAMPLE_TRITON_EVENTS):
-    # kernels built (cache miss) and kernels Triton found in its cache; None where the workload has no listener
-    triton_built: int | None = None
-    triton_hits: int | None = None
-    # child processes that reported their own counters (the report's torch.children); for a workload whose compiles
-    # happen in children, the counters and compile seconds above are theirs, summed
-    children: int | None = None
-
-
-class Runner:
-    def __init__(self, s3: S3, timeout: float, log_dir: Path) -> None:
-        self.s3 = s3
-        self.timeout = timeout
-        self.log_dir = log_dir  # failed runs' logs are copied here (the scratch directory goes away)
-        # Every finished run is appended here as one JSON line, so that a benchmark cut off by a time limit still
-        # leaves what it measured (results.json is written only at the end).
-        self.progress_file: Path | None = None
-        self.load_args, self.unload_args, self.installed = plugin_args()
-        self.env = base_env(s3)
-
-    def progress(self, r: Run) -> None:
-        if self.progress_file is not None:
-            with open(self.progress_file, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(r.__dict__, default=str) + "\n")
-
-    def pytest(self, cwd: Path, args: list[str], dirs: Dirs, log: Path) -> tuple[int, float, str]:
-        env = {**self.env, "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor), "TRITON_CACHE_DIR": str(dirs.triton),
-               "TMPDIR": str(dirs.tmp), TRITON_EVENTS_ENV: str(log.parent / TRITON_EVENTS_FILE)}
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "wb") as fh:
-            fh.write(("$ " + " ".join(cmd) + "\n").encode())
-            fh.flush()
-            start = time.perf_counter()
-            try:
-                rc = subprocess.run(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    timeout=self.timeout).returncode
-            except subprocess.TimeoutExpired:
-                rc = -1
-            wall = time.perf_counter() - start
-        text = log.read_text(errors="replace")
-        if rc == -1:
-            text += f"\n[bench] killed after the {self.timeout:g} s timeout\n"
-        return rc, wall, text
-
-    def run(self, wl: Workload, mode: str, repeat: int, root: Path, *, dirs: Dirs | None = None,
-            bucket: str | None = None, store_dir: Path | None = None, read_only: bool = False,
-            extra: Iterable[str] = ()) -> Run:
-        dirs = dirs or Dirs.fresh(root)
-        report = root / "megacache-report.json"
-        args = [*wl.args, *self.load_args, "--megacache-report", str(report)]
-        if bucket:
-            args += ["--megacache-bucket", bucket]
-        if store_dir:
-            store_dir.mkdir(parents=True, exist_ok=True)
-            args += ["--megacache-dir", str(store_dir)]
-        if read_only:
-            args += ["--megacache-mode", "read"]
-        args += list(extra)
-        rc, wall, text = self.pytest(wl.cwd, args, dirs, root / "pytest.log")
-        r = Run(wl.name, mode, repeat, returncode=rc, wall=wall, log=str(root / "pytest.log"))
-        r.triton_built, r.triton_hits = triton_events(root / TRITON_EVENTS_FILE)
-        doc = _load_json(report)
-        if doc is not None:
-            _fill_from_report(r, doc, from_children=wl.children)
-        r.error = _failure(rc, doc, wl, mode)
-        r.ok = r.error is None
-        if not r.ok:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            kept = self.log_dir / f"{wl.name}-{mode}-r{repeat + 1}.log"
-            shutil.copyfile(root / "pytest.log", kept)
-            r.log = str(kept)
-            say(f"FAILED {wl.name} {mode} (repeat {repeat + 1}): {r.error}; log kept at {kept}")
-            say(f"--- last {TAIL_CHARS} characters of {r.log} ---")
-            print(text[-TAIL_CHARS:], flush=True)
-            say("--- end of tail ---")
-        return r
-
-
-    def plain(self, wl: Workload, repeat: int, root: Path) -> Run:
-        """The workload without the plugin at all (``-p no:megacache``, or simply not loaded): the baseline
-        that a cold run with the plugin is held to."""
-        dirs = Dirs.fresh(root)
-        rc, wall, text = self.pytest(wl.cwd, [*wl.args, *self.unload_args], dirs, root / "pytest.log")
-        r = Run(wl.name, "plain", repeat, returncode=rc, wall=wall, log=str(root / "pytest.log"))
-        r.ok = rc == 0
-        if not r.ok:
-            r.error = f"pytest exited {rc}"
-            say(f"FAILED {wl.name} plain (repeat {repeat + 1}): {r.error}")
-            print(text[-TAIL_CHARS:], flush=True)
-        return r
-
-
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _get(doc: Any, *path: str) -> Any:
-    for part in path:
-        if not isinstance(doc, dict) or part not in doc:
-            return None
-        doc = doc[part]
-    return doc
-
-
-def _fill_from_report(r: Run, doc: dict[str, Any], from_children: bool = False) -> None:
-    counters = _get(doc, "torch", "counters") or {}
-    r.compile_seconds = _get(doc, "torch", "compile_seconds")
-    r.compiles = _get(doc, "torch", "compiles")
-    children = [c for c in _get(doc, "torch", "children") or [] if isinstance(c, dict)]
-    r.children = len(children)
-    if from_children:  # the pytest process compiled nothing: the children's own records
-        counters = {}
-        for child in children:
-            for name, n in (child.get("counters") or {}).items():
-                counters[name] = counters.get(name, 0) + int(n)
-        r.compile_seconds = sum(float(c.get("compile_seconds") or 0.0) for c in children)
-        r.compiles = sum(int(c.get("compiles") or 0) for c in children)
-    r.fx_hit, r.fx_miss = counters.get("fxgraph_cache_hit", 0), counters.get("fxgraph_cache_miss", 0)
-    r.aot_hit, r.aot_miss = counters.get("autograd_cache_hit", 0), counters.get("autograd_cache_miss", 0)
-    r.upload_bytes, r.upload_raw_bytes = _get(doc, "upload", "bytes"), _get(doc, "upload", "raw_bytes")
-    r.bytes_moved = _get(doc, "restore", "bytes_fetched")
-    r.restore_seconds = _get(doc, "restore", "seconds")
-    r.objects_used = _get(doc, "restore", "objects_used")
-    r.compile_threads = _get(doc, "settings", "compile_threads")
-    r.single_thread = _get(doc, "torch", "single_compile_thread")
-    r.problems = list(doc.get("problems") or [])
-    r.processes = [p for p in doc.get("processes") or [] if isinstance(p, dict)]
-    main = r.processes[0] if r.processes else {}
-    if r.wall is not None and main.get("startup") is not None and isinstance(main.get("total"), (int, float)):
-        r.exit_seconds = max(0.0, r.wall - float(main["total"]))
-
-
-def _failure(rc: int, doc: dict[str, Any] | None, wl: Workload, mode: str) -> str | None:
-    if rc != 0:
-        return "timed out" if rc == -1 else f"pytest exited {rc}"
-    if doc is None:
-        return "no megacache report was written (is the plugin loaded?)"
-    if not doc.get("enabled"):
-        return f"the plugin was not active: {doc.get('reason')}"
-    if doc.get("problems"):
-        return "the plugin reported problems: " + "; ".join(str(p) for p in doc["problems"])[:600]
-    if wl.children:
-        if not _get(doc, "torch", "children"):
-            return ("no child process reported a compile (is the package installed, with its "
-                    f"{CHILD_PTH} in site-packages?)")
-    elif not _get(doc, "torch", "compiled"):
-        return f"nothing was compiled (are the {wl.device} tests all skipped?)"
-    if mode == "cold" and not _get(doc, "upload", "objects"):
-        return f"the cold run uploaded nothing: {_get(doc, 'upload', 'reason')}"
-    return None
-
-
-def has_threads_option(runner: Runner, wl: Workload, scratch: Path) -> bool:
-    dirs = Dirs.fresh(scratch / "help")
-    rc, _, text = runner.pytest(wl.cwd, [*runner.load_args, "--help"], dirs, scratch / "help" / "pytest.log")
-    if rc != 0:
-        say(f"note: `pytest --help` exited {rc}; assuming no {THREADS_FLAG}")
-    return THREADS_FLAG in text
 
 
 # --- naive: tar + zstd of the cache directories ----------------------------------------------------
@@ -720,7 +342,7 @@ def bench_idle(runner: Runner, work: Path, repeats: int, wl: Workload | None, po
             extra = ["--megacache-report", str(report)] if plugged else []
             dirs = Dirs.fresh(root)
             rc, wall, text = runner.pytest(cwd, [*ini, str(project / "test_idle.py"), *args, *extra], dirs, root / "pytest.log")
-            doc = _load_json(report) if extra else None
+            doc = load_json(report) if extra else None
             error = None
             if rc != 0:
                 error = f"pytest exited {rc}"
@@ -735,7 +357,7 @@ def bench_idle(runner: Runner, work: Path, repeats: int, wl: Workload | None, po
                 continue
             samples[name].append(wall)
             if doc is not None:
-                restored[name].append(int(_get(doc, "restore", "objects_used") or 0))
+                restored[name].append(int(lookup(doc, "restore", "objects_used") or 0))
     out: dict[str, Any] = {"repeats": repeats, "variants": {}, "failures": failures}
     base = samples[variants[0][0]]
     for name, _ in variants:
@@ -896,17 +518,6 @@ def _cell(runs: list[Run], attr: str, kind: str) -> str:
         lambda v: f"{v:g}")
     med = fmt(statistics.median(vals))
     return med if len(vals) == 1 or min(vals) == max(vals) else f"{med} [{fmt(min(vals))}-{fmt(max(vals))}]"
-
-
-def triton_events(path: Path) -> tuple[int | None, int | None]:
-    """(kernels Triton built, kernels it found cached) from the example project's listener log (one JSON object
-    a line, appended by each process that compiled); (None, None) where no process wrote one."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return None, None
-    hits = [bool(json.loads(line).get("cache_hit")) for line in lines if line.strip()]
-    return hits.count(False), hits.count(True)
 
 
 def _hits(runs: list[Run], hit: str, miss: str) -> str:
