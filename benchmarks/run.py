@@ -47,24 +47,25 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the package, also when this file is imported by path
 from megabench import ROOT  # the package puts this checkout's folders on sys.path
+from megabench.apart import bench_apart
 from megabench.console import human_bytes, say
-from megabench.records import Run, failure_reason, fill_from_report, load_json, lookup, triton_events
-from megabench.runner import S3, TAIL_CHARS, THREADS_FLAG, Dirs, Runner, clean_env, has_threads_option, plugin_args
+from megabench.environment import env_label, environment
+from megabench.idle import bench_idle
+from megabench.modes import ISA_FLAG, SKIPPABLE, bench_workload
+from megabench.objects import bench_objects
+from megabench.records import Run, failure_reason, fill_from_report, triton_events
+from megabench.runner import S3, THREADS_FLAG, Runner, clean_env, has_threads_option, plugin_args
 from megabench.workloads import (
     CHILD_PTH,
     Workload,
@@ -84,8 +85,6 @@ __all__ = ["PHASES", "PHASE_COLORS", "ROOT", "Run", "Runner", "Workload", "apart
            "env_label", "failure_reason", "fill_from_report", "main", "make_children", "make_mixed", "make_ranks",
            "phase_lines", "phase_rows", "plot", "plugin_args", "synthetic_source", "triton_events", "workload_tables"]
 
-ISA_FLAG = "--megacache-reuse-isa-check"
-NAIVE_ZSTD_LEVEL = 3
 
 # Targets: (ratio name, bound, comparison); the warm/cold bound depends on the device.
 WARM_COLD_TARGET = {"cuda": 0.05, "cpu": 0.2}
@@ -107,199 +106,6 @@ MODE_COLORS = {"plain": "#7f8c8d",
                "warm-isa-off": "#d98880"}  # one color per mode
 
 
-# --- naive: tar + zstd of the cache directories ----------------------------------------------------
-class _Counting:
-    """A write-only file object that counts what goes through it (the tar stream's raw size)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.count = inner, 0
-
-    def write(self, data: bytes) -> int:
-        self.count += len(data)
-        self.inner.write(data)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-
-def naive_pack(dirs: Dirs, archive: Path) -> dict[str, Any]:
-    import zstandard
-
-    start = time.perf_counter()
-    with open(archive, "wb") as fh:
-        with zstandard.ZstdCompressor(level=NAIVE_ZSTD_LEVEL).stream_writer(fh, closefd=False) as zw:
-            counting = _Counting(zw)
-            with tarfile.open(fileobj=counting, mode="w|") as tar:  # type: ignore[call-overload]
-                tar.add(dirs.inductor, arcname="inductor")
-                tar.add(dirs.triton, arcname="triton")
-    seconds = time.perf_counter() - start
-    return {"pack_seconds": seconds, "tar_bytes": counting.count, "tar_zst_bytes": archive.stat().st_size}
-
-
-def naive_unpack(archive: Path, dest: Path) -> tuple[Dirs, float]:
-    import zstandard
-
-    dest.mkdir(parents=True)
-    start = time.perf_counter()
-    with open(archive, "rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh) as zr:
-        with tarfile.open(fileobj=zr, mode="r|") as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(dest, filter="data")
-            else:  # pragma: no cover - Python without the extraction filters
-                tar.extractall(dest)
-    seconds = time.perf_counter() - start
-    dirs = Dirs(dest / "inductor", dest / "triton", dest / "tmp")
-    dirs.tmp.mkdir()
-    return dirs, seconds
-
-
-# --- one workload, every mode ----------------------------------------------------------------------
-def bucket_bytes(s3: S3, bucket: str) -> tuple[int, int]:
-    """(objects, bytes) of the cache objects a bucket holds."""
-    sizes = [size for key, size in s3.objects(bucket) if key.endswith(".mcb")]
-    return len(sizes), sum(sizes)
-
-
-def bench_xdist(runner: Runner, wl: Workload, rep: int, base: Path, workers: int,
-                serial_bucket: str | None = None) -> list[Run]:
-    """cold then warm with ``-n workers``, into and from a bucket of their own; with ``serial_bucket`` (cold-xdist
-    skipped), only warm, from the bucket the serial cold and warm runs filled."""
-    args = ["-n", str(workers)]
-    runs: list[Run] = []
-    if serial_bucket is None:
-        bucket = runner.s3.create_bucket(f"bench-{wl.name.lower()}-r{rep}-x{workers}-{os.getpid()}")
-        cold = runner.run(wl, "cold-xdist", rep, base / "cold-xdist", bucket=bucket, extra=args)
-        if not cold.ok:
-            return [cold, Run(wl.name, "warm-xdist", rep, error="not run: the cold-xdist run failed")]
-        runs.append(cold)
-    else:
-        bucket = serial_bucket
-    objects, stored = bucket_bytes(runner.s3, bucket)
-    if runs:
-        runs[0].extra = {"bucket_objects": objects, "bucket_bytes": stored}
-    warm = runner.run(wl, "warm-xdist", rep, base / "warm-xdist", bucket=bucket, extra=args)
-    # Bytes fetched over bytes stored: 1.0 when the controller downloaded each object once for all workers.
-    warm.extra = {"bucket_objects": objects, "bucket_bytes": stored,
-                  "downloads": warm.bytes_moved / stored if warm.bytes_moved is not None and stored else None}
-    return [*runs, warm]
-
-
-# Modes a time-limited run may leave out (plain, cold and warm make the main ratios). Without cold-xdist, warm-xdist
-# restores from the serial runs' bucket (what the serial cold run uploaded, and anything the serial warm run added).
-SKIPPABLE = ("hot", "naive", "cold-xdist")
-
-
-def bench_workload(runner: Runner, wl: Workload, repeats: int, work: Path, threads: bool,
-                   xdist: int = 0, skip: Iterable[str] = (), isa_pair: bool = False) -> tuple[list[Run], str | None]:
-    """Every mode (less those in ``skip``: SKIPPABLE), repeat by repeat; returns the runs and a bucket the cold
-    run filled (for idle and objects)."""
-    runs: list[Run] = []
-    populated: str | None = None
-    skipped = frozenset(skip)
-    modes = ["cold", "warm", *(["warm-auto", "warm-keep"] if threads else []), *(["warm-isa-off"] if isa_pair else []),
-             *(m for m in ("hot", "naive") if m not in skipped),
-             *(m for m in ("cold-xdist", "warm-xdist") if xdist and m not in skipped)]
-
-    def record(r: Run) -> Run:
-        runs.append(r)
-        runner.progress(r)
-        if r.ok:
-            say(f"  {r.mode}: wall {r.wall:.1f} s, compile {r.compile_seconds:.2f} s, FX {r.fx_hit}/{r.fx_miss} "
-                f"hit/miss, AOT {r.aot_hit}/{r.aot_miss}, moved {human_bytes(r.bytes_moved)}"
-                + (f", Triton built {r.triton_built} / cached {r.triton_hits}" if r.triton_built is not None else ""))
-        return r
-
-    for rep in range(repeats):
-        base = work / wl.name / f"r{rep}"
-        bucket = runner.s3.create_bucket(f"bench-{wl.name.lower()}-r{rep}-{os.getpid()}")
-        say(f"{wl.name}: repeat {rep + 1}/{repeats}: plain, {', '.join(modes)}")
-        plain = runner.plain(wl, rep, base / "plain")
-        runs.append(plain)
-        runner.progress(plain)
-        if plain.ok:
-            say(f"  plain (no plugin): wall {plain.wall:.1f} s")
-        cold = record(runner.run(wl, "cold", rep, base / "cold", bucket=bucket))
-        if not cold.ok:
-            runs.extend(Run(wl.name, mode, rep, error="not run: the cold run failed") for mode in modes[1:])
-            continue
-        populated = populated or bucket
-        cold_dirs = Dirs(base / "cold" / "inductor-cache", base / "cold" / "triton-cache", base / "cold" / "tmp")
-        archive = base / "naive-cache.tar.zst"
-        if "naive" not in skipped:
-            pack = naive_pack(cold_dirs, archive)  # before anything else runs in the cold run's directories
-        record(runner.run(wl, "warm", rep, base / "warm", bucket=bucket))
-        if threads:
-            for value in ("auto", "keep"):
-                record(runner.run(wl, f"warm-{value}", rep, base / f"warm-{value}", bucket=bucket,
-                                  extra=[THREADS_FLAG, value]))
-        if isa_pair:  # the same restore, every process running torch's vector-ISA load checks itself
-            record(runner.run(wl, "warm-isa-off", rep, base / "warm-isa-off", bucket=bucket, extra=[ISA_FLAG, "no"]))
-        if "hot" not in skipped:
-            record(runner.run(wl, "hot", rep, base / "hot", dirs=cold_dirs, store_dir=base / "empty-store-hot",
-                              read_only=True))
-        if "naive" not in skipped:
-            naive_dirs, unpack_seconds = naive_unpack(archive, base / "naive")
-            naive = runner.run(wl, "naive", rep, base / "naive-run", dirs=naive_dirs,
-                               store_dir=base / "empty-store-naive", read_only=True)
-            naive.extra = {**pack, "unpack_seconds": unpack_seconds}
-            naive.bytes_moved = pack["tar_zst_bytes"]
-            naive.restore_seconds = pack["pack_seconds"] + unpack_seconds
-            record(naive)
-        if xdist:
-            for r in bench_xdist(runner, wl, rep, base, xdist, bucket if "cold-xdist" in skipped else None):
-                record(r)
-    return runs, populated
-
-
-# --- per-process costs no cache entry covers, measured apart ---------------------------------------------
-ISA_CHECK = "CPU vector-ISA check (valid_vec_isa_list)"
-APART = {
-    "import torch": "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)",
-    "import torch._dynamo (torch already imported)":
-        "import time, torch; t = time.perf_counter(); import torch._dynamo; print(time.perf_counter() - t)",
-    ISA_CHECK: "import time, torch._inductor.cpu_vec_isa as m; t = time.perf_counter(); "
-               "m.valid_vec_isa_list(); print(time.perf_counter() - t)",
-    # With the plugin's reuse of torch's load check (pytest_megacache/isaprobe.py): the first process records each
-    # check, the second takes them from the records.
-    ISA_CHECK + ", the plugin's reuse": "import time, torch._inductor.cpu_vec_isa as m; "
-                                        "from pytest_megacache import isaprobe; isaprobe.install(m); "
-                                        "t = time.perf_counter(); m.valid_vec_isa_list(); "
-                                        "print(time.perf_counter() - t)",
-}
-
-
-def bench_apart(runner: Runner, work: Path, repeats: int) -> list[dict[str, Any]]:
-    """Each snippet in a fresh process (the benchmark's clean environment), ``repeats`` times: the vector-ISA check
-    once in an empty cache directory (what a cold run pays) and once in the directory the first one filled (what a
-    run pays whose restore brought the check's libraries)."""
-    rows = []
-    for name, code in APART.items():
-        variants = ([("fresh cache dir", True), ("its libraries present", False)] if name == ISA_CHECK
-                    else [("fresh cache dir: records written", True), ("libraries and records present", False)]
-                    if name.startswith(ISA_CHECK) else [("", True)])
-        for label, fresh in variants:
-            seconds = []
-            for i in range(repeats):
-                root = work / "apart" / f"{len(rows)}-{i}"
-                dirs = Dirs.fresh(root)
-                if not fresh:
-                    prev = work / "apart" / f"{len(rows) - 1}-{i}"
-                    dirs = Dirs(prev / "inductor-cache", prev / "triton-cache", dirs.tmp)
-                env = {**runner.env, "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor), "TRITON_CACHE_DIR": str(dirs.triton),
-                       "TMPDIR": str(dirs.tmp)}
-                proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                      timeout=runner.timeout)
-                try:
-                    seconds.append(float(proc.stdout.strip().splitlines()[-1]))
-                except (ValueError, IndexError):
-                    say(f"apart: {name} failed: {proc.stderr.strip()[-300:]}")
-            rows.append({"what": name + (f" ({label})" if label else ""), "seconds": seconds,
-                         "median": statistics.median(seconds) if seconds else None})
-            say(f"  {rows[-1]['what']}: " + ", ".join(f"{x:.2f} s" for x in seconds))  # as it goes: a slow host
-    return rows
-
-
 def apart_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["### per-process costs measured apart (each a fresh process)", "",
              "| what | median s | runs |", "| --- | --- | --- |"]
@@ -307,197 +113,6 @@ def apart_lines(rows: list[dict[str, Any]]) -> list[str]:
         med = "n/a" if r["median"] is None else f"{r['median']:.2f}"
         lines.append(f"| {r['what']} | {med} | {', '.join(f'{x:.2f}' for x in r['seconds'])} |")
     return [*lines, ""]
-
-
-# --- idle: the plugin's cost when nothing compiles --------------------------------------------------
-IDLE_TEST = "def test_idle():\n    assert True\n"
-
-
-def bench_idle(runner: Runner, work: Path, repeats: int, wl: Workload | None, populated: str | None) -> dict[str, Any]:
-    project = work / "idle"
-    project.mkdir(parents=True)
-    (project / "test_idle.py").write_text(IDLE_TEST)
-    empty_bucket = runner.s3.create_bucket(f"bench-idle-empty-{os.getpid()}")
-    # Run from the workload's directory with its ini file, so the prefix (and any layout the plugin derives
-    # from the project) matches what the populated bucket holds.
-    cwd = wl.cwd if wl else project
-    ini = ["-c", str(wl.ini), "--rootdir", str(wl.cwd)] if wl else []
-    variants: list[tuple[str, list[str]]] = [
-        ("no plugin (-p no:megacache)", runner.unload_args),
-        # The directory store never imports boto3: the difference to the S3 row is the S3 client's cost.
-        ("plugin, empty directory store", [*runner.load_args, "--megacache-dir", str(project / "empty-store")]),
-        ("plugin, empty S3 bucket", [*runner.load_args, "--megacache-bucket", empty_bucket]),
-    ]
-    if populated:
-        variants.append((f"plugin, S3 bucket with {wl.name if wl else '?'}'s cache",
-                         [*runner.load_args, "--megacache-bucket", populated]))
-    samples: dict[str, list[float]] = {name: [] for name, _ in variants}
-    restored: dict[str, list[int]] = {name: [] for name, _ in variants}
-    failures: list[str] = []
-    for i in range(repeats):
-        for j, (name, args) in enumerate(variants):
-            root = project / f"r{i}-v{j}"
-            report = root / "megacache-report.json"
-            plugged = "--megacache-bucket" in args or "--megacache-dir" in args
-            extra = ["--megacache-report", str(report)] if plugged else []
-            dirs = Dirs.fresh(root)
-            rc, wall, text = runner.pytest(cwd, [*ini, str(project / "test_idle.py"), *args, *extra], dirs, root / "pytest.log")
-            doc = load_json(report) if extra else None
-            error = None
-            if rc != 0:
-                error = f"pytest exited {rc}"
-            elif extra and (doc is None or not doc.get("enabled") or doc.get("problems")):
-                error = f"plugin not active or reported problems: {doc and (doc.get('reason') or doc.get('problems'))}"
-            if error:
-                first = not any(fl.startswith(f"{name},") for fl in failures)
-                failures.append(f"{name}, repeat {i + 1}: {error}")
-                say(f"FAILED idle {name} (repeat {i + 1}): {error}")
-                if first:  # the same failure again and again: one tail is enough
-                    print(text[-TAIL_CHARS:], flush=True)
-                continue
-            samples[name].append(wall)
-            if doc is not None:
-                restored[name].append(int(lookup(doc, "restore", "objects_used") or 0))
-    out: dict[str, Any] = {"repeats": repeats, "variants": {}, "failures": failures}
-    base = samples[variants[0][0]]
-    for name, _ in variants:
-        walls = samples[name]
-        entry: dict[str, Any] = {"walls": walls, "objects_restored": restored[name]}
-        if walls:
-            entry["median"] = statistics.median(walls)
-            if base and name != variants[0][0]:
-                entry["cost_ms"] = 1000 * (entry["median"] - statistics.median(base))
-        out["variants"][name] = entry
-    return out
-
-
-# --- restore time vs number of objects --------------------------------------------------------------
-def _synthetic_entries(count: int = 128, size: int = 128 * 1024) -> Any:
-    from pytest_megacache.bundle import Entries, Entry
-
-    entries = Entries()
-    for i in range(count):
-        # Half random, half repetitive: compresses roughly like compiled kernels do. Named as kernel sources
-        # (.cpp travel too): random bytes named .so would be refused as cut-short ELF files, as they should.
-        data = os.urandom(size // 2) + bytes(range(256)) * (size // 512)
-        entries.add(Entry("file/inductor", f"bench{i % 16:02d}/kernel_{i:04d}.cpp", data, 0o644))
-    return entries
-
-
-def _bucket_entries(s3: S3, bucket: str) -> Any:
-    from pytest_megacache import bundle
-    from pytest_megacache.bundle import Entries
-    from pytest_megacache.stores import S3Store
-
-    store = S3Store(bucket, s3.client())
-    merged = Entries()
-    for folder, info in store.walk(_top_prefix(s3, bucket)):
-        blob = store.get(folder, info.name, 1 << 31)
-        if blob is not None:
-            merged.update(bundle.decode(blob)[1])
-    return merged
-
-
-def _top_prefix(s3: S3, bucket: str) -> str:
-    keys = s3.keys(bucket)
-    if not keys:
-        raise RuntimeError(f"bucket {bucket} is empty")
-    return str(keys[0].split("/", 1)[0])
-
-
-def restore_once(store: Any, folder: str, fingerprint: str, dest: Path) -> tuple[float, int, int]:
-    """The plugin's own restore (pytest_megacache.core): list, fetch in parallel, validate, merge, write the
-    files. Returns (seconds, objects, entries)."""
-    from pytest_megacache.core import CacheSession
-    from pytest_megacache.files import FileRoot
-
-    start = time.perf_counter()
-    session = CacheSession(store_factory=lambda: store, folder=folder, fingerprint=fingerprint,
-                           roots=[FileRoot("inductor", dest)], reads=True, writes=False)
-    session.start_restore(background=False)
-    if not session.restore_stats.ok or session.problems:
-        raise RuntimeError(f"restore failed: {'; '.join(session.problems)}")
-    return time.perf_counter() - start, session.restore_stats.objects_used, len(session.restored)
-
-
-def bench_objects(s3: S3, work: Path, repeats: int, populated: str | None, wl_name: str | None) -> list[dict[str, Any]]:
-    from pytest_megacache import bundle
-    from pytest_megacache.bundle import Entries
-    from pytest_megacache.stores import S3Store
-
-    datasets: list[tuple[str, Any]] = []
-    if populated:
-        try:
-            datasets.append((f"{wl_name} bundle", _bucket_entries(s3, populated)))
-        except Exception as exc:  # noqa: BLE001 - reported, the synthetic dataset still runs
-            say(f"note: could not read the {wl_name} bundle back for the objects check: {exc}")
-    datasets.append(("synthetic 128 x 128 KB files", _synthetic_entries()))
-    bucket = s3.create_bucket(f"bench-objects-{os.getpid()}")
-    store = S3Store(bucket, s3.client())
-    fingerprint = "bench-objects-check"
-    rows = []
-    for d, (label, entries) in enumerate(datasets):
-        items = list(entries)
-        row: dict[str, Any] = {"dataset": label, "entries": len(items), "raw_bytes": sum(len(e.data) for e in items)}
-        for split in (1, 8):
-            folder = f"objects-check/d{d}/split{split}"
-            stored = 0
-            for k in range(split):
-                part = Entries(items[k::split])
-                if len(part):
-                    blob = bundle.encode(part, fingerprint)
-                    stored += len(blob)
-                    store.put(folder, f"part-{k:02d}.mcb", blob)
-            seconds = []
-            for i in range(repeats):
-                secs, objects, count = restore_once(store, folder, fingerprint, work / "objects" / f"d{d}-s{split}-r{i}")
-                if count != len(items):
-                    raise RuntimeError(f"objects check: restored {count} entries of {len(items)}")
-                seconds.append(secs)
-            row[f"split{split}"] = {"objects": objects, "stored_bytes": stored, "seconds": seconds,
-                                    "median": statistics.median(seconds)}
-        rows.append(row)
-    return rows
-
-
-# --- environment ------------------------------------------------------------------------------------
-def _version(*names: str) -> str | None:
-    from pytest_megacache.fingerprint import _dist_version  # the plugin's own lookup (first name installed)
-
-    return _dist_version(*names)
-
-
-def environment() -> dict[str, Any]:
-    cpu = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpus: list[str] = []
-    if shutil.which("nvidia-smi"):
-        try:
-            proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                  text=True, timeout=30)
-            gpus = [g.strip() for g in proc.stdout.splitlines() if g.strip()]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu or platform.processor() or "unknown CPU", "cpu_count": os.cpu_count(), "usable_cpus": usable,
-            "gpus": gpus, "python": platform.python_version(), "platform": platform.platform(),
-            "torch": _version("torch"), "triton": _version("triton", "pytorch-triton", "pytorch-triton-rocm"),
-            "pytest_megacache": _version("pytest-megacache"), "moto": _version("moto"),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-
-
-def env_label(env: dict[str, Any]) -> str:
-    hw = f"{env['cpu']}, {env['usable_cpus']} cores"
-    if env["gpus"]:
-        hw += ", " + ", ".join(sorted(set(env["gpus"])))
-    sw = f"torch {env['torch']}" + (f", triton {env['triton']}" if env["triton"] else "") + f", Python {env['python']}"
-    return f"{hw}; {sw}"
 
 
 # --- summaries --------------------------------------------------------------------------------------
