@@ -3,8 +3,8 @@ records, the modes of one workload, the measurements beside them (apart, idle, o
 and the command line that runs them in turn.
 
 Importing the package puts on ``sys.path`` what its modules import from this checkout: ``pytest_megacache`` (the
-repository's root, for the objects check), ``demo/`` (``local_s3``, the S3 server the demo and the tests use too)
-and ``benchmarks/`` (``varied``).
+repository's root, for the objects check), ``demo/`` (``local_s3``, the S3 server the demo and the tests use too,
+and ``run_demo``'s reader of the plugin's report) and ``benchmarks/`` (``varied``).
 """
 
 from __future__ import annotations

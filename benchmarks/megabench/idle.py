@@ -8,8 +8,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from run_demo import load_json  # the demo's reader of the plugin's report (demo/run_demo.py)
+
 from .console import say
-from .records import load_json, lookup
+from .records import lookup
 from .runner import TAIL_CHARS, Dirs, Runner
 from .workloads import Workload
 

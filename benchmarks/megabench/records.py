@@ -51,14 +51,6 @@ class Run:
     children: int | None = None
 
 
-def load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def lookup(doc: Any, *path: str) -> Any:
     for part in path:
         if not isinstance(doc, dict) or part not in doc:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from local_s3 import LocalS3, clean_env  # the S3 server the demo and the tests use too (demo/local_s3.py)
+from run_demo import load_json  # the demo's reader of the plugin's report (demo/run_demo.py)
 
 from . import ROOT
 from .console import say
-from .records import Run, failure_reason, fill_from_report, load_json, triton_events
+from .records import Run, failure_reason, fill_from_report, triton_events
 from .workloads import Workload
 
 THREADS_FLAG = "--megacache-compile-threads"
