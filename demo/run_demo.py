@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from local_s3 import LocalS3, clean_env  # beside this script (shared with benchmarks/run.py and tests/conftest.py)
+from local_s3 import LocalS3, clean_env  # beside this script (shared with benchmarks/megabench/ and tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR = ROOT / "demo"
@@ -124,7 +124,7 @@ def stream(proc: subprocess.Popen[bytes], prefix: str) -> None:
         out.flush()
 
 
-def load_json(path: Path) -> dict[str, Any] | None:
+def load_json(path: Path) -> dict[str, Any] | None:  # the benchmarks read the plugin's reports with it too
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

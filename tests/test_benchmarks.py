@@ -179,17 +179,17 @@ def test_a_children_workload_counts_what_its_child_processes_reported(bench: Mod
     doc = {"enabled": True, "problems": [], "upload": {"objects": 1},
            "torch": {"compiled": False, "compiles": 0, "compile_seconds": 0.0, "counters": {}, "children": [child, child]}}
     r = bench.Run("children", "cold", 0)
-    bench._fill_from_report(r, doc, from_children=True)
+    bench.fill_from_report(r, doc, from_children=True)
     assert (r.children, r.compiles, r.compile_seconds) == (2, 4, 3.0)
     assert (r.fx_hit, r.fx_miss, r.aot_hit, r.aot_miss) == (4, 2, 2, 0)
-    assert bench._failure(0, doc, wl, "cold") is None
-    assert "no child process" in bench._failure(0, {**doc, "torch": {**doc["torch"], "children": []}}, wl, "cold")
+    assert bench.failure_reason(0, doc, wl, "cold") is None
+    assert "no child process" in bench.failure_reason(0, {**doc, "torch": {**doc["torch"], "children": []}}, wl, "cold")
     # A workload whose pytest process compiles keeps its own counters, and fails when it compiled nothing.
     plain_wl = bench.Workload("wl", ROOT, [], ROOT / "pyproject.toml", "cpu")
     r = bench.Run("wl", "cold", 0)
-    bench._fill_from_report(r, doc)
+    bench.fill_from_report(r, doc)
     assert (r.children, r.fx_hit, r.compile_seconds) == (2, 0, 0.0)
-    assert "nothing was compiled" in bench._failure(0, doc, plain_wl, "cold")
+    assert "nothing was compiled" in bench.failure_reason(0, doc, plain_wl, "cold")
 
 
 def test_the_ranks_workload_is_the_example_projects_distributed_test(bench: ModuleType) -> None:

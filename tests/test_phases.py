@@ -166,7 +166,7 @@ def test_the_benchmark_reads_the_plugins_phases(bench: ModuleType) -> None:
 def test_the_benchmark_tables_medians_per_mode_and_process_and_the_exit(bench: ModuleType) -> None:
     def run(mode: str, rep: int, wall: float, main_total: float, workers: dict[str, float]) -> object:
         r = bench.Run("wl", mode, rep, ok=True, wall=wall)
-        bench._fill_from_report(r, {"processes": [
+        bench.fill_from_report(r, {"processes": [
             {"process": "main" if mode == "warm" else "controller", "startup": 0.5, "tests": main_total - 0.5,
              "total": main_total},
             *({"process": name, "startup": 1.0, "backend": b, "total": 1.0 + b} for name, b in workers.items())]})
