@@ -70,7 +70,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # varied.py, also when this file i
 from local_s3 import LocalS3, clean_env  # the S3 server the demo and the tests use too  # noqa: E402
 from varied import make_varied_project  # benchmarks/varied.py, beside this script  # noqa: E402
 
-from pytest_megacache.report import PHASES  # noqa: E402 - the plugin's phases, from this checkout
+from pytest_megacache.stats import PHASES  # noqa: E402 - the plugin's phases, from this checkout
 
 THREADS_FLAG = "--megacache-compile-threads"
 ISA_FLAG = "--megacache-reuse-isa-check"
@@ -90,7 +90,7 @@ COLD_PLAIN_TARGET = 1.05
 WARM_COLD_WALL_TARGET = 0.20  # GPU only; on CPU the session wall has no target
 MOVED_RAW_TARGET = 0.15
 XDIST_WARM_TARGET = 1.0  # a warm -n N run against a warm serial one (session wall)
-# One color per phase of the plugin's per-process times (pytest_megacache.report.PHASES), and the exit, measured
+# One color per phase of the plugin's per-process times (pytest_megacache.stats.PHASES), and the exit, measured
 # from outside.
 PHASE_COLORS = {"startup": "#95a5a6", "collect": "#bdc3c7", "imports": "#7f8c8d", "restore_wait": "#e67e22",
                 "load": "#f39c12", "dynamo": "#8e44ad", "backend": "#c0392b", "isa_check": "#f1948a", "backward": "#e74c3c",
