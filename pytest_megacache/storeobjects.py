@@ -1,9 +1,10 @@
 """What the store commands share: the store their options name, the objects in it that follow the layout, and the
 filters that pick some of them (by scope and by fingerprint); also the command's name and its usage errors.
 
-The layout is ``<prefix>/<scope>/<fingerprint key>/<object name>.mcb`` (:class:`.layout.Layout`); :func:`scan`
-counts anything else under the prefix and leaves it alone. The store options resolve as in a pytest session
-(:mod:`.storeopts`, then ``MEGACACHE_*``).
+The layout is ``<prefix>/<scope>/<fingerprint key>/<object name>.mcb`` (:class:`.layout.Layout`): one segment of
+scope (a branch, '/' written as '+') and four of fingerprint key. :func:`scan` counts anything else under the
+prefix and leaves it alone. The store options resolve as in a pytest session (:mod:`.storeopts`, then
+``MEGACACHE_*``; no ini file).
 """
 
 from __future__ import annotations
