@@ -13,16 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .fsutil import write_atomic
-from .stats import (
-    LoadStats,
-    ProcessTimes,
-    RestoreStats,
-    TorchStats,
-    TritonStats,
-    UploadStats,
-    XdistStats,
-    process_age,
-)
+from .stats import LoadStats, ProcessTimes, RestoreStats, TorchStats, TritonStats, UploadStats, XdistStats, process_age
 from .torch_adapter import MISS_COUNTERS, counter_sum  # a light module: it imports no torch
 
 # The report's own names, and the stats it is made of (from :mod:`.stats`), importable from here too.
