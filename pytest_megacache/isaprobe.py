@@ -73,7 +73,7 @@ def counts() -> dict[str, int]:
 
 def check_seconds() -> float:
     """Wall seconds this process spent in torch's load checks (run by torch, or taken from a record), on every
-    thread together: the per-process table shows them as their own phase (report.ProcessTimes.isa_check)."""
+    thread together: the per-process table shows them as their own phase (stats.ProcessTimes.isa_check)."""
     with _lock:
         return _seconds[0]
 

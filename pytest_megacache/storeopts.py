@@ -1,4 +1,5 @@
-"""The store options of the ``pytest-megacache`` commands, for :mod:`.cli` and :mod:`.doctor` alike.
+"""The store options of the ``pytest-megacache`` commands, for :mod:`.cli` (and :mod:`.storeobjects`, which resolves
+them) and :mod:`.doctor` alike.
 
 Each store setting of :mod:`.settings` (bucket, directory, prefix, endpoint URL) has a short flag here (``--bucket``,
 ``--dir``, ...) beside the plugin's own (``--megacache-bucket``, ...), both stored under the setting's name, so that

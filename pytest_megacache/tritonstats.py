@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .report import TritonStats
+from .stats import TritonStats
 from .torch_adapter import PostImportHook
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from . import bundle as bundlemod
 from .bundle import Entries, Entry
 from .errors import BundleError, StoreError, redact_cut
 from .fsutil import write_atomic
-from .report import LoadStats, ProcessTimes, RestoreStats, XdistStats, as_count
+from .stats import LoadStats, ProcessTimes, RestoreStats, XdistStats, as_count
 from .stores import LocalDirStore, ObjectInfo, new_object_name
 
 STAGE_FOLDER = "staged"

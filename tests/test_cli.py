@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import bundle, cli, storeopts
+from pytest_megacache import bundle, cli, commands, storeobjects, storeopts, transfer
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.fingerprint import TorchUnavailable
 from pytest_megacache.report import human_bytes
-from pytest_megacache.stores import LocalDirStore, MemoryStore, S3Store, Store
+from pytest_megacache.storeobjects import ObjectFilter, StoredObject
+from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store
 
 from .conftest import S3Server, free_port
 from .test_bundle import build_hostile
@@ -97,7 +98,8 @@ def _no_torch_here(monkeypatch: pytest.MonkeyPatch) -> None:
     def unavailable() -> Any:
         raise TorchUnavailable("torch is not installed")
 
-    monkeypatch.setattr(cli, "compute", unavailable)
+    monkeypatch.setattr(storeobjects, "compute", unavailable)
+    monkeypatch.setattr(commands, "compute", unavailable)
 
 
 @pytest.fixture
@@ -177,11 +179,14 @@ def test_help_is_plain_text_with_a_description(capsys: pytest.CaptureFixture[str
 
 
 def test_the_commands_and_the_doctor_import_no_circle() -> None:
-    """doctor takes the store options from storeopts, not from cli: importing it alone loads no cli."""
+    """doctor takes the store options from storeopts, not from cli: importing it alone loads no cli and none of the
+    other commands' modules. Each command module imports on its own, first in a fresh interpreter."""
     code = ("import sys; import pytest_megacache.doctor, pytest_megacache.storeopts; "
-            "print('pytest_megacache.cli' in sys.modules)")
+            "print([m for m in ('cli', 'commands', 'transfer', 'storeobjects') if f'pytest_megacache.{m}' in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
+    assert out.strip() == "[]"
+    for module in ("storeobjects", "commands", "transfer", "cli"):
+        subprocess.run([sys.executable, "-c", f"import pytest_megacache.{module}"], check=True)
 
 
 def test_store_options_fall_back_to_the_environment(capsys: pytest.CaptureFixture[str], tmp_path: Path,
@@ -263,7 +268,7 @@ def test_ls_bad_filters(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
 def test_ls_marks_this_fingerprint(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     populate(LocalDirStore(tmp_path))
-    monkeypatch.setattr(cli, "compute", lambda: SimpleNamespace(key=FP_B))
+    monkeypatch.setattr(storeobjects, "compute", lambda: SimpleNamespace(key=FP_B))
     rows = ls_json(capsys, "--dir", str(tmp_path))
     assert [r["fingerprint"] for r in rows if r["this"]] == [FP_B]
     rc, out, _err = run(capsys, "ls", "--dir", str(tmp_path))
@@ -312,7 +317,7 @@ def test_ls_reads_scopes_as_the_layout_defines_them(capsys: pytest.CaptureFixtur
     memory = MemoryStore()  # the directory store's walk skips dot-directories itself; S3 and memory do not
     memory.put(f"{PREFIX}/main/{FP_A}", obj_name(0), data)
     memory.put(f"{PREFIX}/.hidden/{FP_A}", obj_name(1), data)
-    objects, ignored = cli.scan(memory, PREFIX)
+    objects, ignored = storeobjects.scan(memory, PREFIX)
     assert [(o.scope, o.fingerprint, o.info.name) for o in objects] == [("main", FP_A, obj_name(0))] and ignored == 1
     for scope in (".hidden", "s" * 101):
         rc, out, err = run(capsys, "ls", "--dir", str(tmp_path), "--scope", scope)
@@ -320,13 +325,13 @@ def test_ls_reads_scopes_as_the_layout_defines_them(capsys: pytest.CaptureFixtur
 
 
 def test_object_filter() -> None:
-    a = cli.StoredObject(PREFIX, "main", FP_A, cli.ObjectInfo(obj_name(0), 1, 0.0))
-    b = cli.StoredObject(PREFIX, "feature+x", FP_B, cli.ObjectInfo(obj_name(1), 1, 0.0))
+    a = StoredObject(PREFIX, "main", FP_A, ObjectInfo(obj_name(0), 1, 0.0))
+    b = StoredObject(PREFIX, "feature+x", FP_B, ObjectInfo(obj_name(1), 1, 0.0))
     assert a.folder == f"{PREFIX}/main/{FP_A}" and a.path == f"main/{FP_A}/{obj_name(0)}"
-    assert [cli.ObjectFilter().matches(o) for o in (a, b)] == [True, True]
-    assert [cli.ObjectFilter(scope="main").matches(o) for o in (a, b)] == [True, False]
-    assert [cli.ObjectFilter(fingerprint=FP_B).matches(o) for o in (a, b)] == [False, True]
-    assert [cli.ObjectFilter("main", FP_B).matches(o) for o in (a, b)] == [False, False]
+    assert [ObjectFilter().matches(o) for o in (a, b)] == [True, True]
+    assert [ObjectFilter(scope="main").matches(o) for o in (a, b)] == [True, False]
+    assert [ObjectFilter(fingerprint=FP_B).matches(o) for o in (a, b)] == [False, True]
+    assert [ObjectFilter("main", FP_B).matches(o) for o in (a, b)] == [False, False]
 
 
 # --- prune -------------------------------------------------------------------------------------------
@@ -385,15 +390,15 @@ def test_prune_by_size_budget_over_s3(capsys: pytest.CaptureFixture[str], s3_env
 def test_prune_selection_combines_age_and_budget() -> None:
     now = 1_000_000.0
 
-    def obj(n: int, days: float, size: int) -> cli.StoredObject:
-        return cli.StoredObject(PREFIX, "main", FP_A, cli.ObjectInfo(obj_name(n), size, now - days * DAY))
+    def obj(n: int, days: float, size: int) -> StoredObject:
+        return StoredObject(PREFIX, "main", FP_A, ObjectInfo(obj_name(n), size, now - days * DAY))
 
     objects = [obj(0, 10, 100), obj(1, 5, 100), obj(2, 3, 100), obj(3, 1, 100), obj(4, 0, 100)]
     names = lambda sel: [o.info.name for o in sel]  # noqa: E731
-    assert names(cli.select_for_prune(objects, 7, None, now)) == [obj_name(0)]
-    assert names(cli.select_for_prune(objects, None, 250, now)) == [obj_name(0), obj_name(1), obj_name(2)]
-    assert names(cli.select_for_prune(objects, 4, 150, now)) == [obj_name(0), obj_name(1), obj_name(2), obj_name(3)]
-    assert cli.select_for_prune(objects, None, 10_000, now) == []
+    assert names(commands.select_for_prune(objects, 7, None, now)) == [obj_name(0)]
+    assert names(commands.select_for_prune(objects, None, 250, now)) == [obj_name(0), obj_name(1), obj_name(2)]
+    assert names(commands.select_for_prune(objects, 4, 150, now)) == [obj_name(0), obj_name(1), obj_name(2), obj_name(3)]
+    assert commands.select_for_prune(objects, None, 10_000, now) == []
 
 
 @pytest.mark.parametrize(("text", "value"), [("500MB", 500_000_000), ("2GB", 2_000_000_000), ("1048576", 1048576),
@@ -512,7 +517,7 @@ class _Tty(io.StringIO):
 
 def test_progress_on_a_tty() -> None:
     stream = _Tty()
-    progress = cli.Progress("push", 9_000_000, stream)
+    progress = transfer.Progress("push", 9_000_000, stream)
     progress.advance(3_000_000)
     progress.note("push: refused x")
     progress.advance(6_000_000)
@@ -521,7 +526,7 @@ def test_progress_on_a_tty() -> None:
     assert "\rpush: 3.0 MB / 9.0 MB" in text and "\rpush: 9.0 MB / 9.0 MB" in text
     assert "push: refused x\n" in text and text.endswith("\n")
     quiet = _Tty()
-    small = cli.Progress("push", 4_000_000, quiet)
+    small = transfer.Progress("push", 4_000_000, quiet)
     small.advance(4_000_000)
     small.finish()
     assert quiet.getvalue() == ""
@@ -715,9 +720,9 @@ def test_unexpected_exceptions_are_one_line(capsys: pytest.CaptureFixture[str], 
                                             monkeypatch: pytest.MonkeyPatch, argv: list[str], target: str) -> None:
     put(LocalDirStore(tmp_path / "src"), "main", FP_A, 0)
     if target == "from_settings":
-        monkeypatch.setattr(cli, "from_settings", _explode)
+        monkeypatch.setattr(storeobjects, "from_settings", _explode)
     elif target == "decode":
-        monkeypatch.setattr(cli.bundlemod, "decode", _explode)
+        monkeypatch.setattr(bundle, "decode", _explode)
     else:
         monkeypatch.setattr(LocalDirStore, target, _explode)
     argv = [a.replace("TMP", str(tmp_path)) for a in argv]
@@ -731,7 +736,7 @@ def test_key_with_a_broken_torch_is_one_line(capsys: pytest.CaptureFixture[str],
     def broken() -> Any:
         raise RuntimeError("CUDA driver initialization failed")
 
-    monkeypatch.setattr(cli, "compute", broken)
+    monkeypatch.setattr(commands, "compute", broken)
     rc, out, err = run(capsys, "key")
     assert rc == 1 and out == ""
     assert err == "pytest-megacache: RuntimeError: CUDA driver initialization failed\n"

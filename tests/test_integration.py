@@ -21,7 +21,7 @@ import pytest
 
 from pytest_megacache import bundle as bundlemod
 from pytest_megacache.bundle import Entries, Entry
-from pytest_megacache.report import PHASES
+from pytest_megacache.stats import PHASES
 
 from .conftest import S3Server, free_port
 from .helpers_torch import Run, TorchProject, skip_without_torch
