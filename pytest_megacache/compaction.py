@@ -34,7 +34,7 @@ COMPACTION_ROUNDS = 4
 
 
 @dataclass
-class _Held:
+class Held:
     """An object of the write folder as a compaction sees it, validated, with what it holds; or a whole group of
     parts (objects one session wrote together, :data:`PART_FIELD`), which counts as one."""
 
@@ -85,13 +85,13 @@ def _part_of(header: bundlemod.Header | None) -> tuple[str, int, int | None] | N
     return group, index, count
 
 
-def units(objects: Sequence[_Held], now: float | None = None) -> tuple[list[_Held], list[str]]:
+def units(objects: Sequence[Held], now: float | None = None) -> tuple[list[Held], list[str]]:
     """The objects of a folder as compaction units: each object on its own, and each group whose every part is
     there as one; also the objects of groups not whole yet (neither deleted nor merged for now). A group's parts
     left past :data:`STALE_GROUP_SECONDS` are objects of their own."""
     now = time.time() if now is None else now
-    out: list[_Held] = []
-    groups: dict[str, dict[int, _Held]] = {}
+    out: list[Held] = []
+    groups: dict[str, dict[int, Held]] = {}
     counts: dict[str, set[int]] = {}
     for held in objects:
         part = next(filter(None, (_part_of(h) for h in held.headers)), None)
@@ -107,7 +107,7 @@ def units(objects: Sequence[_Held], now: float | None = None) -> tuple[list[_Hel
             entries = Entries()
             for i in range(count):
                 entries.merge(parts[i].entries)
-            out.append(_Held(gid, min(p.created for p in parts.values()), entries,
+            out.append(Held(gid, min(p.created for p in parts.values()), entries,
                              tuple(h for i in range(count) for h in parts[i].headers),
                              tuple(parts[i].name for i in range(count))))
         elif all(now - p.created > STALE_GROUP_SECONDS for p in parts.values()):
@@ -117,7 +117,7 @@ def units(objects: Sequence[_Held], now: float | None = None) -> tuple[list[_Hel
     return out, pending
 
 
-def _covers(big: _Held, small: _Held) -> bool:
+def _covers(big: Held, small: Held) -> bool:
     """Whether ``small`` may be deleted because ``big`` is stored: ``big`` holds an entry of every ``(kind, name)``
     that ``small`` does and, with the same ones, is the newer; for a profile (mutable) that differs, ``big`` is
     the newer too (a restore takes the newest object's). A strict order: no two objects cover each other."""
@@ -135,7 +135,7 @@ def _covers(big: _Held, small: _Held) -> bool:
 
 # What stores a merged object (or group) for a compaction: the entries and the units they came from (for the cold
 # compile seconds they recorded); what was stored as one unit, the number of objects and their bytes, or None.
-StoreMerged = Callable[[Entries, Sequence["_Held"]], "tuple[_Held, int, int] | None"]
+StoreMerged = Callable[[Entries, Sequence["Held"]], "tuple[Held, int, int] | None"]
 
 
 class Compaction:
@@ -144,7 +144,7 @@ class Compaction:
     restore gave (a peer's copy of one of them is not decompressed again)."""
 
     def __init__(self, *, store: Store, deadline: Deadline, folder: str, fingerprint: str, limits: Limits,
-                 signing_keys: Sequence[bytes], scratch: Scratch, restored: Entries, restored_units: list[_Held],
+                 signing_keys: Sequence[bytes], scratch: Scratch, restored: Entries, restored_units: list[Held],
                  inputs: set[str], stats: UploadStats, scrub: Callable[[Entries], Entries],
                  store_merged: StoreMerged) -> None:
         self.store, self.deadline, self.folder, self.fingerprint = store, deadline, folder, fingerprint
@@ -152,7 +152,7 @@ class Compaction:
         self.restored, self.restored_units, self.inputs = restored, restored_units, inputs
         self.stats, self.scrub, self.store_merged = stats, scrub, store_merged
 
-    def run(self, mine: _Held) -> None:
+    def run(self, mine: Held) -> None:
         """After uploading ``mine``, the merged whole: delete what it covers, then take in what concurrent sessions
         stored meanwhile, until the folder holds one merged object (or one group of parts). Objects that share no
         entry with it (uploads of other graphs) stay beside it: they duplicate nothing, and the next compaction
@@ -183,7 +183,7 @@ class Compaction:
                 self._delete_unit(held)
         self._converge(mine)
 
-    def _delete_unit(self, held: _Held, own: set[str] | None = None) -> None:
+    def _delete_unit(self, held: Held, own: set[str] | None = None) -> None:
         """Delete the objects of one unit that a stored one covers (the caller checked); counted."""
         for name in held.objects:
             bounded(lambda n=name: self.store.delete(self.folder, n), self.deadline, "compaction")  # type: ignore[misc]
@@ -192,7 +192,7 @@ class Compaction:
             elif own is None or name not in own:
                 self.stats.superseded += 1
 
-    def _read_held(self, name: str) -> _Held | None:
+    def _read_held(self, name: str) -> Held | None:
         """An object of the write folder, read whole and validated as a restore validates it (its signature
         included); None when it is gone (deleted meanwhile, so an object that covers it exists)."""
         path = self.scratch.fetch(self.store, self.folder, name, self.limits.max_object_bytes)
@@ -204,14 +204,14 @@ class Compaction:
                                                         self.scratch.path(), self.restored)
         finally:
             unlink(path)
-        return _Held(name, header.created, decoded.entries, (header,))
+        return Held(name, header.created, decoded.entries, (header,))
 
-    def _converge(self, mine: _Held) -> None:
+    def _converge(self, mine: Held) -> None:
         """List the folder again; delete what the merged object covers, give way to an object that covers it,
         and merge the objects that share entries with it into a new one; until nothing is left to do, for
         :data:`COMPACTION_ROUNDS` listings at most."""
         current, own = mine, set(mine.objects)
-        seen: dict[str, _Held] = {}  # objects read so far (immutable: each is read once)
+        seen: dict[str, Held] = {}  # objects read so far (immutable: each is read once)
         left: set[str] = set()  # never deleted or merged here: unreadable, refused, or not copied whole
         for round_ in range(COMPACTION_ROUNDS):
             listing = bounded(lambda: self.store.list(self.folder), self.deadline, "compaction")
@@ -230,7 +230,7 @@ class Compaction:
                                      if name in listed and name not in left and name not in current.objects])
             peers = [p for p in peers if not left.intersection(p.objects)]
             # An object that covers the current one: the current one goes, and that one is carried on with.
-            while (cover := max((p for p in peers if _covers(p, current)), key=_Held.order, default=None)) is not None:
+            while (cover := max((p for p in peers if _covers(p, current)), key=Held.order, default=None)) is not None:
                 self._delete_unit(current, own)
                 peers.remove(cover)
                 current = cover
@@ -247,7 +247,7 @@ class Compaction:
                 return
             current = merged
 
-    def _merge_held(self, current: _Held, peers: list[_Held], own: set[str], left: set[str]) -> _Held | None:
+    def _merge_held(self, current: Held, peers: list[Held], own: set[str], left: set[str]) -> Held | None:
         """One object (or one group of parts) holding ``current`` and ``peers`` (merged oldest first: the newest
         profile wins), stored; then each of them that it covers deleted. None when there is nothing such an object
         could replace, or it may not be written."""

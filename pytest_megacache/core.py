@@ -16,7 +16,7 @@ from typing import Any
 
 from . import bundle as bundlemod
 from .bundle import Entries, Entry, Limits
-from .compaction import PART_FIELD, STALE_GROUP_SECONDS, _Held, units
+from .compaction import PART_FIELD, STALE_GROUP_SECONDS, Held, units
 from .deadline import Deadline, bounded
 from .errors import BundleError, StoreError, redact_cut
 from .files import FileRoot, torch_cache_ident
@@ -28,7 +28,7 @@ from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, LoadResult, TorchAdapter
 from .upload import Upload, artifact_ident, plural_entries, restored_cold_seconds
 
 __all__ = [
-    "PART_FIELD", "RESTORE_GRACE", "STALE_GROUP_SECONDS", "CacheSession", "Diagnosis", "_Held", "nearest_fingerprint",
+    "PART_FIELD", "RESTORE_GRACE", "STALE_GROUP_SECONDS", "CacheSession", "Diagnosis", "Held", "nearest_fingerprint",
     "other_process_layers", "plural_entries", "units", "without_torch_twins",
 ]
 
@@ -121,7 +121,7 @@ class CacheSession:
         return self.restore.own
 
     @property
-    def restored_held(self) -> list[_Held]:
+    def restored_held(self) -> list[Held]:
         return self.restore.held
 
     @property
@@ -368,7 +368,7 @@ class CacheSession:
         finally:
             up.seconds = time.perf_counter() - start
 
-    def own_units(self) -> list[_Held]:
+    def own_units(self) -> list[Held]:
         """The objects of this scope the restore used, as compaction units (a whole group of parts is one)."""
         return units(self.restored_held)[0]
 

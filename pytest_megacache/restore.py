@@ -20,7 +20,7 @@ from typing import Protocol
 from . import bundle as bundlemod
 from . import envpolicy
 from .bundle import Entries, Limits
-from .compaction import FETCH_WORKERS, _Held
+from .compaction import FETCH_WORKERS, Held
 from .deadline import Deadline, bounded, bounded_map
 from .errors import BundleError, StoreError, redact, redact_cut
 from .files import FileRoot
@@ -91,7 +91,7 @@ class Restore:
         self.restored = Entries()  # every entry restored
         self.objects: list[ObjectInfo] = []  # objects of the write folder (compaction input)
         self.own = Entries()  # what those objects hold
-        self.held: list[_Held] = []  # those objects, with what each holds (compaction input)
+        self.held: list[Held] = []  # those objects, with what each holds (compaction input)
         self.headers: list[bundlemod.Header] = []  # of every object used
         self.before: dict[str, set[str]] = {}  # the cache directories' files when the restore settled
         self.store_down = False  # nothing came through: an upload would not either
@@ -321,7 +321,7 @@ class Restore:
             if got.folder == self.owner.folder:
                 self.objects.append(got.info)
                 self.own.update(got.entries)  # newest first: its copy of a profile wins
-                self.held.append(_Held(got.info.name, got.header.created, got.entries, (got.header,)))
+                self.held.append(Held(got.info.name, got.header.created, got.entries, (got.header,)))
         stats.raw_unique = merged.raw_bytes()
         if not self._commit():
             return  # abandoned: the session went on without this restore; write nothing now

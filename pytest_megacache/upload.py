@@ -12,7 +12,7 @@ from typing import Protocol
 from . import bundle as bundlemod
 from . import envpolicy
 from .bundle import Entries, Entry, Limits
-from .compaction import PART_FIELD, Compaction, _Held
+from .compaction import PART_FIELD, Compaction, Held
 from .deadline import Deadline, bounded
 from .errors import BundleError, StoreError, redact_cut
 from .report import TorchStats, UploadStats
@@ -61,7 +61,7 @@ class Owner(Protocol):
     def restored_objects(self) -> list[ObjectInfo]: ...
 
     @property
-    def restored_held(self) -> list[_Held]: ...
+    def restored_held(self) -> list[Held]: ...
 
     @property
     def restored_headers(self) -> list[bundlemod.Header]: ...
@@ -72,7 +72,7 @@ class Owner(Protocol):
 
     def store_error(self, what: str, exc: StoreError) -> None: ...
 
-    def own_units(self) -> list[_Held]: ...
+    def own_units(self) -> list[Held]: ...
 
     def needs_merge(self) -> bool: ...
 
@@ -139,7 +139,7 @@ class Upload:
             except Exception as exc:  # noqa: BLE001 - a cache bug must never fail the session
                 owner.problem(f"compaction failed unexpectedly: {type(exc).__name__}: {redact_cut(str(exc))}")
 
-    def merged_meta(self, entries: Entries, sources: Sequence[_Held]) -> dict[str, object]:
+    def merged_meta(self, entries: Entries, sources: Sequence[Held]) -> dict[str, object]:
         """The header fields of a merged object: this session's, with the cold compile seconds that the merged
         objects recorded for the entries it holds."""
         table = self.cold_seconds(entries)
@@ -174,8 +174,8 @@ class Upload:
                          f"{', '.join(sorted(dropped))}, which may be a secret")
         return out
 
-    def store_parts(self, store: Store, deadline: Deadline, payload: Entries, sources: Sequence[_Held] | None = None,
-                     quiet: bool = False) -> tuple[_Held, int, int] | None:
+    def store_parts(self, store: Store, deadline: Deadline, payload: Entries, sources: Sequence[Held] | None = None,
+                     quiet: bool = False) -> tuple[Held, int, int] | None:
         """Store ``payload`` as objects a restore accepts (under :class:`Limits`): one, or several parts of one group
         (split by entry, never inside one; :data:`PART_FIELD` in each header), each encoded, stored and let go
         before the next is encoded. An entry over the limits on its own is not stored (a problem names how many).
@@ -247,8 +247,8 @@ class Upload:
         if not names:
             return None
         if group is None:
-            return _Held(names[0], created[0], stored), 1, total
-        return _Held(group, min(created), stored, (), tuple(names)), len(names), total
+            return Held(names[0], created[0], stored), 1, total
+        return Held(group, min(created), stored, (), tuple(names)), len(names), total
 
     def _over_limits(self, header: bundlemod.Header, size: int) -> str | None:
         """Why a restore would refuse an object of ``size`` bytes with ``header`` for its size, or None."""
@@ -311,7 +311,7 @@ class Upload:
         return {"producer": {**self.owner.meta, "misses": misses, "compile_seconds": round(ts.compile_seconds, 3)},
                 "cold_seconds": self.cold_seconds(payload)}
 
-    def _compact(self, store: Store, deadline: Deadline, mine: _Held) -> None:
+    def _compact(self, store: Store, deadline: Deadline, mine: Held) -> None:
         """After storing ``mine``, the merged whole: delete what it covers, and merge what concurrent sessions stored
         meanwhile (:class:`.compaction.Compaction`)."""
         owner = self.owner

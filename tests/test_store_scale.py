@@ -21,7 +21,7 @@ import pytest
 from pytest_megacache import bundle as bundlemod
 from pytest_megacache import payload
 from pytest_megacache.bundle import Entries, Limits
-from pytest_megacache.core import PART_FIELD, STALE_GROUP_SECONDS, CacheSession, _Held, units
+from pytest_megacache.core import PART_FIELD, STALE_GROUP_SECONDS, CacheSession, Held, units
 from pytest_megacache.files import FileRoot
 from pytest_megacache.report import _restore_lines, _upload_lines
 from pytest_megacache.stores import LocalDirStore, MemoryStore, Store
@@ -339,7 +339,7 @@ def test_a_group_with_a_part_missing_is_pending_until_stale() -> None:
         blob = bundlemod.encode(Entries(), FP, extra={PART_FIELD: {"group": "20260101T000000000-1-aaaaaaaaaaaa.mcb",
                                                                   "index": i, **last}})
         headers.append(bundlemod.decode_header(blob)[0])
-    parts = [_Held(f"p{i}", h.created, Entries(), (h,)) for i, h in enumerate(headers)]
+    parts = [Held(f"p{i}", h.created, Entries(), (h,)) for i, h in enumerate(headers)]
     [whole], pending = units(parts)
     assert whole.objects == ("p0", "p1", "p2") and pending == []
     got, pending = units(parts[:2])
