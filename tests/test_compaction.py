@@ -287,14 +287,26 @@ def test_a_merge_over_the_restore_limits_is_written_as_one_group_of_parts(tmp_pa
     sessions = [session(view, limits=limits) for view in views]
     new = [[key(f"{i + 1}", 0)] for i in range(K)]
     finish_together(sessions, [Big(keys) for keys in new])
+    everything = inputs | {k for keys in new for k in keys}
     stored = contents(store)
     assert all(info.size <= limits.max_object_bytes for info in store.list(FOLDER))
-    assert set().union(*map(names, stored.values())) == inputs | {k for keys in new for k in keys}
-    # One merged whole, in parts of one group: no entry in two objects.
-    assert sum(len(e) for e in stored.values()) == len(inputs) + K
-    groups = {part_field(store, name)["group"] for name in stored}
-    assert len(groups) == 1 and len(stored) == K  # each part holds one of the large entries
+    assert set().union(*map(names, stored.values())) == everything
     assert all(not s.problems for s in sessions)
+    # The wave leaves merged wholes, each a group of parts: one as a rule, and now and then (a session listing while
+    # another deletes a group's parts sees that group as unfinished and leaves it) two, which the next read-write
+    # session merges, as it merges any overlapping objects.
+    groups = {part_field(store, name)["group"] for name in stored}
+    assert 1 <= len(groups) <= 2 and len(stored) == K * len(groups)
+    if len(groups) > 1:
+        later = session(store, limits=limits)
+        later.start_restore(background=False)
+        later.finish(FakeTorch([]))  # type: ignore[arg-type]
+        assert not later.problems and later.upload_stats.converged == len(stored)
+        stored = contents(store)
+    # One merged whole, in parts of one group: no entry in two objects.
+    assert set().union(*map(names, stored.values())) == everything
+    assert sum(len(e) for e in stored.values()) == len(everything)
+    assert len({part_field(store, name)["group"] for name in stored}) == 1 and len(stored) == K
 
 
 def part_field(store: Store, name: str) -> dict[str, Any]:
