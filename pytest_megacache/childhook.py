@@ -1,18 +1,18 @@
 """Child processes' own torch cache counters, for the session report (the design coverage.py uses for subprocesses).
 
-The package installs ``pytest_megacache_children.pth`` into site-packages (:data:`PTH_LINE`). At every interpreter
-start that line looks up :data:`SPOOL_ENV` and does nothing else when it is absent. When the plugin has set it (to
-an absolute directory), the line registers a small exit handler, still without importing anything (importing this
-package at every child's start cost 26 ms on a 29 ms ``python -c pass`` in an editable install). At a normal exit, if
-``torch._dynamo.utils`` is loaded, that handler imports this module and calls :func:`exit_handler`, which writes
-one small JSON record of torch's own counters into the spool directory when torch compiled anything in that
-process. The plugin reads the records back with :func:`read_spool`. :func:`bootstrap` arms a process the same way
-by hand (an interpreter that skips site-packages ``.pth`` files: ``python -S``, an embedded one).
+The package installs ``pytest_megacache_children.pth`` into site-packages. At every interpreter start that line looks
+up :data:`SPOOL_ENV` and does nothing else when it is absent. When the plugin has set it (to an absolute directory),
+the line imports :mod:`.childstart`, which registers a small exit handler, still without importing this module. At a
+normal exit, if ``torch._dynamo.utils`` is loaded, that handler imports this module and calls :func:`exit_handler`,
+which writes one small JSON record of torch's own counters into the spool directory when torch compiled anything in
+that process. The plugin reads the records back with :func:`read_spool`. :func:`bootstrap` arms a process the same
+way by hand (an interpreter that skips site-packages ``.pth`` files: ``python -S``, an embedded one).
 
-The same line makes a child that imports torch ask its parent for the restore and wait until it has settled
-(:data:`READY_ENV`, a file the parent creates then; :data:`WAIT_ENV`, how long it waits at most): the child then
-compiles on the restored files, after the parent's snapshot of the cache directories, so that what it compiles is
-carried, even when the parent itself never imports torch. A child that never imports torch never waits.
+:mod:`.childstart` also makes a child that imports torch ask its parent for the restore and wait until it has
+settled (:data:`READY_ENV`, a file the parent creates then, :class:`RestoreSignal`; :data:`WAIT_ENV`, how long it
+waits at most): the child then compiles on the restored files, after the parent's snapshot of the cache directories,
+so that what it compiles is carried, even when the parent itself never imports torch. A child that never imports
+torch never waits.
 
 What writes a record: a new Python interpreter that inherited the variable (``subprocess``, torchrun's workers,
 ``multiprocessing`` / ``torch.multiprocessing`` *spawn* children, their own children) and ends through normal
@@ -24,8 +24,9 @@ installed; a process that is not Python; a process that called :func:`disarm` (t
 processes, xdist workers included).
 
 Imports: the standard library only (``tempfile`` and ``shutil`` only when the parent creates and removes a spool),
-the package's ``__init__`` and :mod:`.fsutil` (which writes and reads the records), never torch, pytest or boto3; the
-exit handler reads ``torch._dynamo.utils`` only when it is already imported.
+the package's ``__init__``, :mod:`.childstart` (the variables' names) and :mod:`.fsutil` (which writes and reads the
+records), never torch, pytest or boto3; the exit handler reads ``torch._dynamo.utils`` only when it is already
+imported.
 
 A record holds counters and harmless identity only: pid, parent pid, and ``RANK`` / ``LOCAL_RANK`` /
 ``WORLD_SIZE`` when each is a small non-negative integer. Never argv, and no other environment value.
@@ -42,16 +43,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .childstart import READY_ENV, SPOOL_ENV, WAIT_ENV, WANTED_SUFFIX
 from .fsutil import Refused, read_regular, write_atomic
 
 __all__ = [
     "MAX_FILES",
     "MAX_RECORD_BYTES",
-    "PTH_LINE",
     "READY_ENV",
     "RECORD_VERSION",
     "SPOOL_ENV",
     "WAIT_ENV",
+    "WANTED_SUFFIX",
     "ChildRecord",
     "RestoreSignal",
     "Spool",
@@ -61,60 +63,6 @@ __all__ = [
     "exit_handler",
     "read_spool",
 ]
-
-SPOOL_ENV = "MEGACACHE_CHILD_SPOOL"
-# Set by a session whose restore writes compiled files into the cache directories its child processes inherit: a
-# file that appears once the restore has settled (written, or given up), and how many seconds a child waits for it
-# at most. A child that imports torch creates the file's name + WANTED_SUFFIX (the session starts its restore then,
-# if nothing did before) and waits for the file: it then compiles on the restored files and after the session's
-# snapshot of the directories, so what it compiles is carried.
-READY_ENV = "MEGACACHE_RESTORE_READY"
-WAIT_ENV = "MEGACACHE_RESTORE_WAIT"
-WANTED_SUFFIX = ".wanted"
-MAX_CHILD_WAIT = 900  # seconds: the longest any child waits, whatever the variable says
-
-# What the .pth line runs when SPOOL_ENV is set (site.addpackage runs lines starting with "import"; any Exception
-# there would print a traceback into the child's stderr, hence the try). The exit handler captures pid, parent pid
-# and the spool at start, and imports this module at exit only in a process that loaded torch._dynamo.utils.
-# Python 3.11 runs a venv's .pth files twice (site.venv() and site.main() both add site-packages), so the handler
-# may be registered twice: exit_handler writes once per process.
-PTH_CODE = f"""\
-try:
- import atexit, sys
- def megacache_child_exit(start=(os.getpid(), os.getppid(), os.environ[{SPOOL_ENV!r}]), sys=sys):
-  try:
-   if 'torch._dynamo.utils' in sys.modules:
-    import pytest_megacache.childhook as m
-    m.exit_handler(*start)
-  except BaseException:
-   pass
- atexit.register(megacache_child_exit)
- megacache_wait = os.environ.get({READY_ENV!r}) and 'torch' not in sys.modules
- for f in sys.meta_path:
-  if getattr(f, '__name__', '') == 'megacache_restore_wait':
-   megacache_wait = False
- if megacache_wait:
-  class megacache_restore_wait:
-   def find_spec(name, path=None, target=None):
-    if name == 'torch':
-     try:
-      import os, sys
-      sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, '__name__', '') != 'megacache_restore_wait']
-      import time
-      ready = os.environ.get({READY_ENV!r}, '')
-      end = time.monotonic() + min({MAX_CHILD_WAIT}, float(os.environ.get({WAIT_ENV!r}) or 0))
-      if ready and not os.path.exists(ready):
-       open(ready + {WANTED_SUFFIX!r}, 'a').close()
-       while not os.path.exists(ready) and time.monotonic() < end:
-        time.sleep(0.02)
-     except BaseException:
-      pass
-   find_spec = staticmethod(find_spec)
-  sys.meta_path.insert(0, megacache_restore_wait)
-except Exception:
- pass"""
-# The one line of pytest_megacache_children.pth (tests/test_childhook.py checks the file and the installed copy).
-PTH_LINE = f"import os; os.environ.get({SPOOL_ENV!r}) and exec({PTH_CODE!r})\n"
 
 RECORD_VERSION = 1
 MAX_RECORD_BYTES = 16 * 1024  # a record is about 600 bytes

@@ -1,4 +1,4 @@
-"""A child process waits, when it imports torch, until its parent's restore has settled (childhook's .pth line).
+"""A child process waits, when it imports torch, until its parent's restore has settled (childstart, from the .pth line).
 
 Real interpreters, started as a test's child is: the installed ``.pth`` line runs at their start. A tiny ``torch``
 package on PYTHONPATH stands in for torch: the wait is on the name, before anything of torch runs.
@@ -73,6 +73,20 @@ def test_the_wait_ends_at_its_limit(fake_torch: Path, tmp_path: Path) -> None:
     assert run_child(fake_torch, {**env, WAIT_ENV: "0"}) < 0.5
     garbled = {**env, WAIT_ENV: "soon"}  # the .pth line never raises: no wait, the child goes on
     assert run_child(fake_torch, garbled) < 0.5
+
+
+def test_the_wait_is_off_the_meta_path_before_torch_runs(fake_torch: Path, tmp_path: Path) -> None:
+    """One finder at the front of sys.meta_path from the start (the .pth line may run twice: one all the same), gone
+    by the time torch's own code runs."""
+    count = "[getattr(f, '__name__', '') for f in sys.meta_path].count('MegacacheRestoreWait')"
+    (fake_torch / "torch" / "__init__.py").write_text(f"import sys\nprint({count})\n")
+    (tmp_path / "ready").touch()
+    full = {k: v for k, v in os.environ.items() if k not in (SPOOL_ENV, READY_ENV, WAIT_ENV)}
+    full.update({SPOOL_ENV: str(tmp_path), READY_ENV: str(tmp_path / "ready"), WAIT_ENV: "30"},
+                PYTHONPATH=str(fake_torch))
+    code = f"import sys; print({count}, getattr(sys.meta_path[0], '__name__', '')); import torch; print({count})"
+    out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["1", "MegacacheRestoreWait", "0", "0"]
 
 
 def test_without_a_spool_the_line_is_inert(fake_torch: Path, tmp_path: Path) -> None:

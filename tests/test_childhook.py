@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import childhook
-from pytest_megacache.childhook import MAX_FILES, MAX_RECORD_BYTES, PTH_LINE, SPOOL_ENV, ChildRecord, read_spool
+from pytest_megacache import childhook, childstart
+from pytest_megacache.childhook import MAX_FILES, MAX_RECORD_BYTES, SPOOL_ENV, ChildRecord, read_spool
+from pytest_megacache.childstart import PTH_LINE
 from pytest_megacache.torch_adapter import COUNTER_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,19 +150,168 @@ def test_pth_file_is_installed_in_site_packages() -> None:
 
 
 def test_inert_without_the_variable(kid: Any) -> None:
-    """Without the variable the line registers nothing and imports nothing; with it, an exit handler and still no
-    import of the package (that waits for an exit with torch loaded). Python 3.11 runs a venv's .pth files twice
-    (site.venv() and site.main() both add site-packages): the handler may be there twice, one record all the same."""
+    """Without the variable the line registers nothing and imports nothing. With it, one exit handler (Python 3.11
+    runs a venv's .pth files twice: site.venv() and site.main() both add site-packages), and the only modules it
+    loads are the package's ``__init__``, ``childstart`` and ``atexit`` (built in): no typing, no re, nothing of
+    childhook (that waits for an exit with torch loaded)."""
     code = """
         import atexit, json, os, sys
         from kidlib import report
-        report(os.environ["FACTS"], handlers=atexit._ncallbacks(),
+        report(os.environ["FACTS"], handlers=atexit._ncallbacks(), modules=sorted(sys.modules),
                imported=sorted(m for m in sys.modules if m.startswith("pytest_megacache")))
     """
     absent, present = kid(code, spool=None), kid(code)
     assert absent.proc.returncode == present.proc.returncode == 0, absent.proc.stderr + present.proc.stderr
-    assert absent.facts["imported"] == present.facts["imported"] == []
-    assert present.facts["handlers"] > absent.facts["handlers"]
+    assert absent.proc.stderr == present.proc.stderr == ""
+    assert absent.facts["imported"] == []
+    assert present.facts["imported"] == ["pytest_megacache", "pytest_megacache.childstart"]
+    assert set(present.facts["modules"]) - set(absent.facts["modules"]) == {
+        "pytest_megacache", "pytest_megacache.childstart"}
+    assert present.facts["handlers"] == absent.facts["handlers"] + 1
+
+
+@pytest.mark.parametrize("init", ["", "raise RuntimeError('broken')\n"], ids=["no-childstart", "init-raises"])
+def test_the_line_is_silent_when_the_package_cannot_be_imported(kid: Any, tmp_path: Path, init: str) -> None:
+    """Another copy of the package first on the path (without childstart, or one that fails to import): no
+    traceback in the child's stderr, its exit status its own."""
+    other = tmp_path / "other" / "pytest_megacache"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text(init)
+    k = kid("import sys; sys.exit(5)", env={"PYTHONPATH": f"{other.parent}{os.pathsep}{tmp_path}"})
+    assert (k.proc.returncode, k.proc.stderr) == (5, "")
+
+
+def test_the_line_runs_start_from_the_installed_package(kid: Any) -> None:
+    k = kid("""
+        import os, sys
+        import pytest_megacache.childstart as c
+        from kidlib import report
+        report(os.environ["FACTS"], started=c._started, file=c.__file__)
+    """)
+    assert k.proc.returncode == 0, k.proc.stderr
+    assert k.facts["started"] is True
+    assert Path(k.facts["file"]).resolve() == Path(childstart.__file__).resolve()
+
+
+# --- childstart, in this process ------------------------------------------------------------------------------------
+class _Atexit:
+    def __init__(self) -> None:
+        self.registered: list[tuple[Any, ...]] = []
+
+    def register(self, fn: Any, *args: Any) -> None:
+        self.registered.append((fn, *args))
+
+
+@pytest.fixture
+def fresh_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> _Atexit:
+    """childstart as in a new interpreter: not started, its own sys.meta_path and a stand-in for atexit."""
+    fake = _Atexit()
+    monkeypatch.setattr(childstart, "_started", False)
+    monkeypatch.setattr(childstart, "atexit", fake)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setenv(SPOOL_ENV, str(tmp_path / "spool"))
+    monkeypatch.setenv(childstart.READY_ENV, str(tmp_path / "ready"))
+    monkeypatch.setenv(childstart.WAIT_ENV, "30")
+    return fake
+
+
+def _waits() -> list[Any]:
+    return [f for f in sys.meta_path if getattr(f, "__name__", "") == "MegacacheRestoreWait"]
+
+
+def test_start_arms_once(fresh_start: _Atexit, tmp_path: Path) -> None:
+    childstart.start()
+    childstart.start()
+    assert fresh_start.registered == [(childstart._at_exit, os.getpid(), os.getppid(), str(tmp_path / "spool"))]
+    assert sys.meta_path[0] is childstart.MegacacheRestoreWait and len(_waits()) == 1
+
+
+def test_start_without_the_spool_or_the_ready_file(fresh_start: _Atexit, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(childstart.READY_ENV)
+    childstart.start()
+    assert len(fresh_start.registered) == 1 and _waits() == []  # the exit handler, no wait
+    monkeypatch.setattr(childstart, "_started", False)
+    monkeypatch.delenv(SPOOL_ENV)
+    monkeypatch.setenv(childstart.READY_ENV, "/ready")
+    childstart.start()
+    assert len(fresh_start.registered) == 1 and _waits() == []  # nothing at all
+
+
+def test_start_adds_no_wait_once_torch_is_imported_or_a_wait_is_there(
+        fresh_start: _Atexit, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", type(sys)("torch"))
+    childstart.start()
+    assert _waits() == [] and len(fresh_start.registered) == 1
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(childstart, "_started", False)
+    other_copy = type("MegacacheRestoreWait", (), {})  # from another copy of the module (a reload)
+    sys.meta_path.insert(0, other_copy)
+    childstart.start()
+    assert _waits() == [other_copy]
+
+
+def test_start_never_raises(fresh_start: _Atexit, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> None:
+        raise OSError("no")
+
+    monkeypatch.setattr(fresh_start, "register", broken)
+    childstart.start()  # returns
+    assert _waits() == []
+
+
+def test_the_wait_removes_itself_at_torch_and_ignores_other_names(fresh_start: _Atexit, tmp_path: Path) -> None:
+    (tmp_path / "ready").touch()  # settled: no request, no wait
+    childstart.start()
+    assert childstart.MegacacheRestoreWait.find_spec("torchvision") is None
+    assert childstart.MegacacheRestoreWait.find_spec("torch.nn") is None
+    assert len(_waits()) == 1
+    assert childstart.MegacacheRestoreWait.find_spec("torch") is None
+    assert _waits() == []
+    assert not (tmp_path / ("ready" + childstart.WANTED_SUFFIX)).exists()
+
+
+@pytest.mark.parametrize("wait", ["soon", "nan", "-5", "0"])
+def test_the_wait_on_a_garbled_limit_returns_at_once(
+        fresh_start: _Atexit, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wait: str) -> None:
+    """A limit that is not a number: no request, no wait; not positive: the request, no wait. (NaN: the cap.)"""
+    monkeypatch.setenv(childstart.WAIT_ENV, wait)
+    if wait == "nan":
+        monkeypatch.setattr(childstart, "MAX_CHILD_WAIT", 0.05)
+    childstart.start()
+    childstart.MegacacheRestoreWait.find_spec("torch")
+    assert _waits() == []
+    assert (tmp_path / ("ready" + childstart.WANTED_SUFFIX)).exists() == (wait != "soon")
+
+
+def test_the_wait_lets_no_exception_out(fresh_start: _Atexit, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: Any) -> bool:
+        raise KeyboardInterrupt
+
+    childstart.start()
+    monkeypatch.setattr(childstart.os.path, "exists", interrupted)
+    assert childstart.MegacacheRestoreWait.find_spec("torch") is None
+    assert _waits() == []
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), ImportError()], ids=lambda e: type(e).__name__)
+def test_the_exit_handler_lets_no_exception_out(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
+    def raising(*args: Any) -> None:
+        raise exc
+
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", type(sys)("torch._dynamo.utils"))
+    monkeypatch.setattr(childhook, "exit_handler", raising)
+    childstart._at_exit(os.getpid(), os.getppid(), "/spool")  # returns
+
+
+def test_the_exit_handler_imports_childhook_only_with_torch_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(childhook, "exit_handler", lambda *args: calls.append(args))
+    monkeypatch.delitem(sys.modules, "torch._dynamo.utils", raising=False)
+    childstart._at_exit(1, 2, "/spool")
+    assert calls == []
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", type(sys)("torch._dynamo.utils"))
+    childstart._at_exit(1, 2, "/spool")
+    assert calls == [(1, 2, "/spool")]
 
 
 # --- what a child writes ------------------------------------------------------------------------------------------

@@ -124,6 +124,18 @@ def test_wheel_holds_the_package_and_py_typed(dists: Dists) -> None:
     assert not [n for n in names if n.startswith(("tests/", "action/", "benchmarks/", "demo/", "example_project/"))]
 
 
+def test_wheel_holds_the_children_pth_at_its_root(dists: Dists) -> None:
+    """setup.py's build_py hook: the line child processes run at start, in site-packages itself, with its RECORD
+    line (so that pip uninstall removes it)."""
+    from pytest_megacache.childstart import PTH_LINE
+
+    name = "pytest_megacache_children.pth"
+    with zipfile.ZipFile(dists.wheel) as whl:
+        assert whl.read(name).decode() == PTH_LINE
+        [record] = [n for n in whl.namelist() if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
+        assert any(line.startswith(f"{name},sha256=") for line in whl.read(record).decode().splitlines())
+
+
 def test_wheel_entry_points_are_pyprojects(dists: Dists, pyproject: dict[str, Any]) -> None:
     _, _, entry_points = wheel_metadata(dists.wheel)
     project = pyproject["project"]
