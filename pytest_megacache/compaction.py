@@ -28,6 +28,9 @@ from .stores import Store
 FETCH_WORKERS = 8
 
 
+# Seconds a compaction waits before listing again when a group of parts is half listed (being stored or deleted).
+PENDING_PAUSE = 0.2
+
 # Listings of the folder a compaction makes to merge what concurrent sessions stored meanwhile (each may merge
 # once more, but the last); what is left then is merged by the next compaction.
 COMPACTION_ROUNDS = 4
@@ -168,7 +171,9 @@ class Compaction:
         read (its content unknown) is never deleted here and covers nothing. A group of parts (one merged whole
         over the restore limits, written as several objects) is one unit in all of this: it covers, or is
         deleted, only once every part of it is listed and read; a group with a part missing (being uploaded or
-        deleted) is neither, until it is stale.
+        deleted) is neither, until it is stale. While such a group is listed and nothing else is left to do, the
+        compaction lists again after :data:`PENDING_PAUSE` (within its rounds): two sessions that each listed
+        while the other's group was half stored would otherwise both keep theirs.
 
         The folder settles: a session stores a merged object only before listing the folder again, so the
         session that lists last sees every merged object the others stored; it deletes those its own covers,
@@ -226,8 +231,8 @@ class Compaction:
                 elif got is not None:
                     seen[name] = got
             listed = {info.name for info in listing}
-            peers, _pending = units([held for name, held in seen.items()
-                                     if name in listed and name not in left and name not in current.objects])
+            peers, pending = units([held for name, held in seen.items()
+                                    if name in listed and name not in left and name not in current.objects])
             peers = [p for p in peers if not left.intersection(p.objects)]
             # An object that covers the current one: the current one goes, and that one is carried on with.
             while (cover := max((p for p in peers if _covers(p, current)), key=Held.order, default=None)) is not None:
@@ -240,8 +245,15 @@ class Compaction:
             # What is left and shares entries with the current one (concurrent merges, uploads of the same
             # graphs) is merged; an object of entries the current one lacks altogether stays as it is.
             overlapping = [p for p in peers if any(e.ident in current.entries for e in p.entries)]
-            if not overlapping or round_ == COMPACTION_ROUNDS - 1:
+            if round_ == COMPACTION_ROUNDS - 1:
                 return
+            if not overlapping:
+                if not pending:
+                    return
+                # A group of parts half listed: another session is storing it or deleting it (both bounded by its
+                # budget). Look again once it may have settled: a whole one is then merged or given way to.
+                time.sleep(min(PENDING_PAUSE, self.deadline.remaining()))
+                continue
             merged = self._merge_held(current, overlapping, own, left)
             if merged is None:
                 return

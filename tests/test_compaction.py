@@ -21,7 +21,7 @@ from pytest_megacache.bundle import Entries, Entry, Limits
 from pytest_megacache.core import CacheSession
 from pytest_megacache.errors import StoreError
 from pytest_megacache.report import _upload_lines
-from pytest_megacache.stores import LocalDirStore, ObjectInfo, Store, Walk, new_object_name
+from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, Store, Walk, new_object_name
 
 from .test_core import FOLDER, FP, FakeTorch
 
@@ -277,24 +277,21 @@ def test_a_merge_over_the_restore_limits_is_written_as_one_group_of_parts(tmp_pa
     store = LocalDirStore(tmp_path / "store")
     inputs = seed(store)
 
-    class Big(FakeTorch):  # one incompressible entry of 40 KB per session
-        def save(self) -> bytes | None:
-            return torchfmt.serialize([("inductor", k, os.urandom(40_000)) for k in self.keys])
-
     barrier = threading.Barrier(K, timeout=WAIT)
     views = [Overlapping(store, after_put=barrier) for _ in range(K)]
     limits = Limits(max_object_bytes=60_000)  # one session's merged object fits, two sessions' would not
     sessions = [session(view, limits=limits) for view in views]
     new = [[key(f"{i + 1}", 0)] for i in range(K)]
-    finish_together(sessions, [Big(keys) for keys in new])
+    finish_together(sessions, [Incompressible(keys) for keys in new])  # one entry each
     everything = inputs | {k for keys in new for k in keys}
     stored = contents(store)
     assert all(info.size <= limits.max_object_bytes for info in store.list(FOLDER))
     assert set().union(*map(names, stored.values())) == everything
     assert all(not s.problems for s in sessions)
-    # The wave leaves merged wholes, each a group of parts: one as a rule, and now and then (a session listing while
-    # another deletes a group's parts sees that group as unfinished and leaves it) two, which the next read-write
-    # session merges, as it merges any overlapping objects.
+    # The wave leaves one merged whole, a group of parts. A session that lists while another stores or deletes a
+    # group's parts lists again (test_a_group_half_listed_is_looked_at_again_and_merged), within its rounds; a
+    # session slowed past them leaves two groups, which the next read-write session merges, as it merges any
+    # overlapping objects.
     groups = {part_field(store, name)["group"] for name in stored}
     assert 1 <= len(groups) <= 2 and len(stored) == K * len(groups)
     if len(groups) > 1:
@@ -307,6 +304,49 @@ def test_a_merge_over_the_restore_limits_is_written_as_one_group_of_parts(tmp_pa
     assert set().union(*map(names, stored.values())) == everything
     assert sum(len(e) for e in stored.values()) == len(everything)
     assert len({part_field(store, name)["group"] for name in stored}) == 1 and len(stored) == K
+
+
+class Incompressible(FakeTorch):
+    """Compiles its keys into incompressible inductor entries of 40 KB each."""
+
+    def save(self) -> bytes | None:
+        return torchfmt.serialize([("inductor", k, os.urandom(40_000)) for k in self.keys])
+
+
+class HidingAPart(Overlapping):
+    """Its first listing after its upload leaves out one object it did not write: a part of another session's group
+    being stored or deleted at that moment."""
+
+    hidden: str | None = None
+
+    def list(self, folder: str) -> list[ObjectInfo]:
+        out = super().list(folder)
+        if self.puts and self.hidden is None:
+            mine = {name for name, _ in self.puts}
+            self.hidden = next(info.name for info in out if info.name not in mine)
+            out = [info for info in out if info.name != self.hidden]
+        return out
+
+
+def test_a_group_half_listed_is_looked_at_again_and_merged() -> None:
+    """A compaction that lists while a peer's group of parts is half stored or half deleted lists again once it may
+    have settled: the whole group is then merged with its own (they share entries), and one group is left."""
+    store = MemoryStore()
+    inputs = seed(store)
+    limits = Limits(max_object_bytes=60_000)
+    first, second = session(store, limits=limits), session(view := HidingAPart(store), limits=limits)
+    for s in (first, second):
+        s.start_restore(background=False)
+    first.finish(Incompressible([key("1", 0), key("1", 1)]))  # type: ignore[arg-type]
+    assert len({part_field(store, name)["group"] for name in contents(store)}) == 1 and len(contents(store)) == 2
+    second.finish(Incompressible([key("2", 0)]))  # type: ignore[arg-type]
+    assert view.hidden is not None and not first.problems and not second.problems
+    stored = contents(store)
+    everything = inputs | {key("1", 0), key("1", 1), key("2", 0)}
+    assert set().union(*map(names, stored.values())) == everything
+    assert sum(len(e) for e in stored.values()) == len(everything)  # no entry in two objects
+    assert len({part_field(store, name)["group"] for name in stored}) == 1 and len(stored) == 3
+    assert view.calls.count("list") >= 3  # the restore's, the half listing, and the one after it
 
 
 def part_field(store: Store, name: str) -> dict[str, Any]:
