@@ -84,9 +84,14 @@ def _at_exit(start_pid: int, start_ppid: int, spool: str) -> None:
         pass
 
 
+def _is_wait(finder: object) -> bool:
+    """Whether ``finder`` is a restore wait, this module's or another copy's (compared by name)."""
+    return getattr(finder, "__name__", "") == MegacacheRestoreWait.__name__
+
+
 def _waiting() -> bool:
     """Whether a restore wait is on ``sys.meta_path`` already (put there by another copy of this module)."""
-    return any(getattr(f, "__name__", "") == MegacacheRestoreWait.__name__ for f in sys.meta_path)
+    return any(map(_is_wait, sys.meta_path))
 
 
 class MegacacheRestoreWait:
@@ -98,7 +103,7 @@ class MegacacheRestoreWait:
         if name != "torch":
             return
         try:
-            sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__name__", "") != MegacacheRestoreWait.__name__]
+            sys.meta_path[:] = [f for f in sys.meta_path if not _is_wait(f)]
             _wait_for_restore()
         except BaseException:  # noqa: BLE001 - the import of torch goes on, whatever happens here
             pass
