@@ -251,7 +251,8 @@ class Compaction:
                 if not pending:
                     return
                 # A group of parts half listed: another session is storing it or deleting it (both bounded by its
-                # budget). Look again once it may have settled: a whole one is then merged or given way to.
+                # budget). Look again once it may have settled: a whole one is then merged or given way to. Any
+                # such group counts, whatever its listed parts hold: the parts not listed may hold the shared entries.
                 time.sleep(min(PENDING_PAUSE, self.deadline.remaining()))
                 continue
             merged = self._merge_held(current, overlapping, own, left)
