@@ -184,6 +184,13 @@ def _hit_miss(c: Mapping[str, int]) -> str:
             f"{c.get('autograd_cache_hit', 0)} hit / {c.get('autograd_cache_miss', 0)} miss")
 
 
+def _child_isa(child: dict[str, Any]) -> str:
+    isa = child.get("isa_checks") or {}
+    if not (isa.get("run") or isa.get("reused")):
+        return ""
+    return f"; vector-ISA checks {isa.get('run', 0)} run / {isa.get('reused', 0)} reused, {isa.get('seconds', 0):.2f} s"
+
+
 def _child_records_lines(t: TorchStats) -> list[str]:
     """The child processes' own counters: a total, then one line per child."""
     if not t.children:
@@ -195,7 +202,7 @@ def _child_records_lines(t: TorchStats) -> list[str]:
     seconds = sum(float(child["compile_seconds"]) for child in t.children)
     lines = [f"{len(t.children)} child process(es) compiled: {_hit_miss(total)}, {seconds:.2f} s compiling"]
     lines += [f"  {child['label']}: {_hit_miss(child['counters'])}, {child['compiles']} compiles, "
-              f"{float(child['compile_seconds']):.2f} s" for child in t.children[:MAX_CHILD_LINES]]
+              f"{float(child['compile_seconds']):.2f} s{_child_isa(child)}" for child in t.children[:MAX_CHILD_LINES]]
     if len(t.children) > MAX_CHILD_LINES:
         lines.append(f"  and {len(t.children) - MAX_CHILD_LINES} more (the JSON report lists every one)")
     return lines
