@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PTH_NAME = "pytest_megacache_children.pth"
 ALL_COUNTERS = sorted(name for names in COUNTER_NAMES.values() for name in names)
 RECORD_KEYS = {"v", "pid", "ppid", "rank", "local_rank", "world_size", "compiled", "compiles", "graphs",
-               "compile_seconds", "counters"}
+               "compile_seconds", "counters", "isa_run", "isa_reused", "isa_seconds", "phases"}
 SECRET = "hunter2-s3cr3t"
 
 # Imported by the children (PYTHONPATH): a stand-in for torch._dynamo.utils, and a way to say who they are.
@@ -110,7 +110,8 @@ def kid(tmp_path: Path) -> Iterator[Any]:
 
 def child_env(spool: Path | str | None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in (SPOOL_ENV, "RANK", "LOCAL_RANK", "WORLD_SIZE", "PYTHONPATH", "COVERAGE_PROCESS_START")}
+           if k not in (SPOOL_ENV, childstart.ISA_ENV, "RANK", "LOCAL_RANK", "WORLD_SIZE", "PYTHONPATH",
+                        "COVERAGE_PROCESS_START")}
     if spool is not None:
         env[SPOOL_ENV] = str(spool)
     env.update(extra)
@@ -119,8 +120,10 @@ def child_env(spool: Path | str | None, **extra: str) -> dict[str, str]:
 
 def valid_doc(**changes: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "v": 1, "pid": 4242, "ppid": 1, "rank": 0, "local_rank": 0, "world_size": 2, "compiled": True,
-        "compiles": 3, "graphs": 2, "compile_seconds": 1.5, "counters": {name: 0 for name in ALL_COUNTERS},
+        "v": childhook.RECORD_VERSION, "pid": 4242, "ppid": 1, "rank": 0, "local_rank": 0, "world_size": 2,
+        "compiled": True, "compiles": 3, "graphs": 2, "compile_seconds": 1.5,
+        "counters": {name: 0 for name in ALL_COUNTERS}, "isa_run": 0, "isa_reused": 2, "isa_seconds": 0.01,
+        "phases": {"_compile.compile_inner": 1.5, "compile_fx.<locals>.fw_compiler_base": 0.5},
     }
     doc["counters"]["fxgraph_cache_miss"] = 2
     doc.update(changes)
@@ -212,6 +215,7 @@ def fresh_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> _Atexit:
     monkeypatch.setenv(SPOOL_ENV, str(tmp_path / "spool"))
     monkeypatch.setenv(childstart.READY_ENV, str(tmp_path / "ready"))
     monkeypatch.setenv(childstart.WAIT_ENV, "30")
+    monkeypatch.delenv(childstart.ISA_ENV, raising=False)
     return fake
 
 
@@ -293,6 +297,43 @@ def test_the_wait_lets_no_exception_out(fresh_start: _Atexit, monkeypatch: pytes
     assert _waits() == []
 
 
+def test_the_isa_digest_alone_arms_at_torch_and_asks_for_no_restore(
+        fresh_start: _Atexit, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pytest_megacache import isaprobe
+
+    armed: list[str] = []
+    monkeypatch.setattr(isaprobe, "arm_child", armed.append)
+    monkeypatch.delenv(childstart.READY_ENV)
+    monkeypatch.setenv(childstart.ISA_ENV, "ab" * 32)
+    childstart.start()
+    assert len(_waits()) == 1
+    assert childstart.MegacacheRestoreWait.find_spec("numpy") is None and armed == []
+    assert childstart.MegacacheRestoreWait.find_spec("torch") is None
+    assert armed == ["ab" * 32] and _waits() == []
+    assert not (tmp_path / ("ready" + childstart.WANTED_SUFFIX)).exists()
+
+
+def test_a_failing_isa_arming_still_asks_for_the_restore(
+        fresh_start: _Atexit, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pytest_megacache import isaprobe
+
+    def broken(offered: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(isaprobe, "arm_child", broken)
+    monkeypatch.setenv(childstart.ISA_ENV, "ab" * 32)
+    monkeypatch.setenv(childstart.WAIT_ENV, "0")
+    childstart.start()
+    assert childstart.MegacacheRestoreWait.find_spec("torch") is None
+    assert (tmp_path / ("ready" + childstart.WANTED_SUFFIX)).exists() and _waits() == []
+
+
+def test_the_variable_names_agree() -> None:
+    from pytest_megacache import isaprobe
+
+    assert childstart.ISA_ENV == isaprobe.CHILD_ENV
+
+
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), ImportError()], ids=lambda e: type(e).__name__)
 def test_the_exit_handler_lets_no_exception_out(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
     def raising(*args: Any) -> None:
@@ -320,7 +361,11 @@ def test_a_child_that_compiled_writes_one_valid_record(kid: Any, tmp_path: Path)
     k = kid("""
         import os
         from kidlib import fake_torch, report
+        from pytest_megacache import isaprobe
         fake_torch(misses=2, hits=1, seconds=(0.5, 0.25), graphs=2)
+        isaprobe._count("run", 1.25)  # what the proxy counts in a child that armed it
+        isaprobe._count("reused", 0.25)
+        isaprobe._count("reused", 0.0)
         report(os.environ["FACTS"])
     """, spool=spool, env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
     assert k.proc.returncode == 0 and k.proc.stderr == "", k.proc.stderr
@@ -332,11 +377,13 @@ def test_a_child_that_compiled_writes_one_valid_record(kid: Any, tmp_path: Path)
     counters = dict.fromkeys(ALL_COUNTERS, 0) | {"fxgraph_cache_miss": 2, "fxgraph_cache_hit": 1}
     assert record == ChildRecord(
         file=name, pid=k.facts["pid"], ppid=os.getpid(), rank=3, local_rank=1, world_size=4, compiled=True,
-        compiles=2, graphs=2, compile_seconds=0.75, counters=counters)
+        compiles=2, graphs=2, compile_seconds=0.75, counters=counters, isa_run=1, isa_reused=2, isa_seconds=1.5,
+        phases={"_compile.compile_inner": 0.75})
     assert record.label() == f"rank 3 (pid {record.pid})"
     assert record.row() == {"label": f"rank 3 (pid {record.pid})", "pid": record.pid, "ppid": os.getpid(), "rank": 3,
                             "local_rank": 1, "world_size": 4, "compiles": 2, "graphs": 2, "compile_seconds": 0.75,
-                            "counters": counters}
+                            "counters": counters, "isa_checks": {"run": 1, "reused": 2, "seconds": 1.5},
+                            "phases": {"_compile.compile_inner": 0.75}}
 
 
 def test_a_child_outliving_its_session_writes_nothing_and_creates_no_spool(kid: Any, tmp_path: Path) -> None:
@@ -655,9 +702,10 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "array": (_dumps([SECRET]), "not a JSON object"),
     "nested": (b"[" * 8000 + b"]" * 8000, "not JSON"),
     "no-version": (_dumps({k: v for k, v in valid_doc().items() if k != "v"}), "version"),
-    "version-2": (_dumps(valid_doc(v=2)), "version"),
+    "version-1": (_dumps(valid_doc(v=1)), "version"),
+    "version-3": (_dumps(valid_doc(v=3)), "version"),
     "version-true": (_dumps(valid_doc(v=True)), "version"),
-    "version-float": (_dumps(valid_doc(v=1.0)), "version"),
+    "version-float": (_dumps(valid_doc(v=2.0)), "version"),
     "unknown-key": (_dumps(valid_doc(argv=[SECRET])), "1 unknown and 0 missing keys"),
     "missing-key": (_dumps({k: v for k, v in valid_doc().items() if k != "graphs"}), "0 unknown and 1 missing"),
     "duplicate-key": (b'{"v": 1, "v": 1}', "a key given twice"),
@@ -678,6 +726,14 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "seconds-negative": (_dumps(valid_doc(compile_seconds=-0.5)), "compile_seconds"),
     "seconds-string": (_dumps(valid_doc(compile_seconds="1.5")), "compile_seconds"),
     "counters-list": (_dumps(valid_doc(counters=[1, 2])), "counters is not an object"),
+    "isa-run-negative": (_dumps(valid_doc(isa_run=-1)), "isa_run is not an integer"),
+    "isa-reused-float": (_dumps(valid_doc(isa_reused=1.5)), "isa_reused is not an integer"),
+    "isa-seconds-string": (_dumps(valid_doc(isa_seconds="0.1")), "isa_seconds is not a number"),
+    "phases-list": (_dumps(valid_doc(phases=[1.5])), "phases is not an object"),
+    "phases-odd-name": (_dumps(valid_doc(phases={SECRET + " /x": 1.0})), "phases is not an object"),
+    "phases-too-many": (_dumps(valid_doc(phases={f"p{i}": 1.0 for i in range(13)})), "phases is not an object"),
+    "phase-negative": (_dumps(valid_doc(phases={"compile_fx": -1.0})), "a phase is not a number"),
+    "phase-string": (_dumps(valid_doc(phases={"compile_fx": "1"})), "a phase is not a number"),
     "counter-unknown": (_dumps(valid_doc(counters={SECRET: 1})), "1 unknown counter names"),
     "counter-negative": (_dumps(valid_doc(counters={"fxgraph_cache_hit": -1})), "a counter is not an integer"),
     "counter-float": (_dumps(valid_doc(counters={"fxgraph_cache_hit": 1.5})), "a counter is not an integer"),
