@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import childhook, childstart
+from pytest_megacache import childhook, childstart, isaprobe
 from pytest_megacache.childhook import MAX_FILES, MAX_RECORD_BYTES, SPOOL_ENV, ChildRecord, read_spool
 from pytest_megacache.childstart import PTH_LINE
 from pytest_megacache.torch_adapter import COUNTER_NAMES
@@ -867,12 +867,23 @@ with open(sys.argv[1], "w") as fh:
 """
 
 
+# After the compiling child: torch's vector-ISA decision in a child of the same session, over the records it left.
+ISA_CHILD = """
+import json
+import torch._inductor.cpu_vec_isa as m
+valid, picked = [str(isa) for isa in m.valid_vec_isa_list()], str(m.pick_vec_isa())
+from pytest_megacache import isaprobe  # imported by the .pth line's start-up module at `import torch`, armed
+print(json.dumps({"counts": isaprobe.counts(), "valid": valid, "picked": picked}))
+"""
+
+
 @dataclass
 class TorchRun:
     root: Path
     facts: dict[str, Any]
     compiling: subprocess.CompletedProcess[str]
     idle: subprocess.CompletedProcess[str]
+    isa: dict[str, dict[str, Any]]  # ISA_CHILD's output: "same" environment, "forced" ATEN_CPU_CAPABILITY
 
 
 @pytest.fixture(scope="module")
@@ -884,7 +895,9 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory) -> TorchRun:
     env = child_env(None, PYTHONPATH=str(root), TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
                     TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
     env.pop("TORCH_COMPILE_JOB_ID", None)
-    for spool in ("spool-compiling", "spool-spawned", "spool-idle"):  # the session creates its spool (plugin.py)
+    # What a session that reuses the check sets for its children: the digest of its own decision (this one's).
+    env[isaprobe.CHILD_ENV] = isaprobe.decision_digest(env)
+    for spool in ("spool-compiling", "spool-spawned", "spool-idle", "spool-isa"):  # the session creates its spool (plugin.py)
         (root / spool).mkdir(mode=0o700)
     compiling = subprocess.Popen(
         [sys.executable, "-c", COMPILING_CHILD, str(root / "facts.json"), str(root / "spool-spawned")],
@@ -900,7 +913,18 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory) -> TorchRun:
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     assert results[0].returncode == 0, results[0].stderr[-3000:]
     assert results[1].returncode == 0, results[1].stderr[-3000:]
-    return TorchRun(root, json.loads((root / "facts.json").read_text()), results[0], results[1])
+    # Two more children once the records exist: the session's environment, and one that forces an ISA by itself.
+    isa_env = {**env, SPOOL_ENV: str(root / "spool-isa")}
+    procs = {"same": subprocess.Popen([sys.executable, "-c", ISA_CHILD], env=isa_env, cwd=root, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+             "forced": subprocess.Popen([sys.executable, "-c", ISA_CHILD], env={**isa_env, "ATEN_CPU_CAPABILITY": "default"},
+                                        cwd=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)}
+    isa = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        isa[name] = json.loads(out.splitlines()[-1])
+    return TorchRun(root, json.loads((root / "facts.json").read_text()), results[0], results[1], isa)
 
 
 @pytest.mark.torch
@@ -926,6 +950,28 @@ def test_a_real_spawn_child_writes_its_own_record(torch_run: TorchRun) -> None:
     # It found its parent's FX graph in the shared cache directory: its own counters say hit, not miss.
     assert record.counters["fxgraph_cache_hit"] >= 1 and record.counters["fxgraph_cache_miss"] == 0
     assert record.counters["fxgraph_cache_hit"] == spawned["counters"].get("fxgraph_cache_hit", 0)
+
+
+@pytest.mark.torch
+def test_real_children_run_the_isa_checks_once_and_take_the_records_after(torch_run: TorchRun) -> None:
+    """The compiling child ran torch's checks (a fresh cache directory) and recorded them; its spawn child and a
+    later child of the same environment took every record and ran none, and torch decided the same."""
+    [compiling] = read_spool(torch_run.root / "spool-compiling")[0]
+    [spawned] = read_spool(torch_run.root / "spool-spawned")[0]
+    assert compiling.isa_run >= 1 and compiling.isa_reused == 0 and compiling.isa_seconds > 0, compiling
+    assert (spawned.isa_run, spawned.isa_reused) == (0, compiling.isa_run), spawned
+    same = torch_run.isa["same"]
+    assert same["counts"] == {"reused": compiling.isa_run, "run": 0, "recorded": 0}, same
+    assert same["valid"], "this CPU has no vector ISA: the comparison would prove nothing"
+
+
+@pytest.mark.torch
+def test_a_real_child_forcing_its_own_isa_runs_every_check_itself(torch_run: TorchRun) -> None:
+    """ATEN_CPU_CAPABILITY set in the child alone: its decision digest is not the session's, so it takes no record
+    (they are there: the control above took them all), runs each check as torch does, and writes no record."""
+    forced, same = torch_run.isa["forced"], torch_run.isa["same"]
+    assert forced["counts"] == {"reused": 0, "run": same["counts"]["reused"], "recorded": 0}, forced
+    assert forced["valid"] == same["valid"] and forced["picked"] != same["picked"], (forced, same)
 
 
 @pytest.mark.torch
