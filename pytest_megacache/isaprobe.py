@@ -334,7 +334,7 @@ def uninstall(module: ModuleType | None = None) -> None:
 def arm(on_problem: Callable[[str], None]) -> Any:
     """Install now if torch's ``cpu_vec_isa`` is imported, else when it is. Returns the import hook to remove
     (or None). ``on_problem`` hears, as a whole sentence, why it was not installed and what happens instead."""
-    from .torch_adapter import PostImportHook
+    from .importhook import PostImportHook
 
     def after(module: ModuleType) -> None:
         try:
@@ -420,7 +420,7 @@ def arm_child(offered: str) -> Any:
     ``cpu_vec_isa`` once it is imported, gated on :func:`decision_digest` of this process's environment at its
     first check being ``offered`` (the session's). Returns the import hook (or None); never raises."""
     try:
-        from .torch_adapter import PostImportHook
+        from .importhook import PostImportHook
 
         def gate() -> bool:
             return len(offered) == 64 and decision_digest() == offered
