@@ -560,3 +560,20 @@ def test_arm_child_puts_a_gated_proxy_in_at_the_module_import(tmp_path: Path, mo
         finally:
             isaprobe.disarm(hook)
             sys.modules.pop("fake_child_isa", None)
+
+
+def test_a_session_in_a_child_takes_its_own_records_whoever_installed_first(tmp_path: Path) -> None:
+    """A pytest process started by another session's test: the start-up module's gated proxy may be in torch's
+    module first; the session's own arming lifts the gate (its records are its own), and a gated install after
+    the session's changes nothing."""
+    module = ModuleType("fake_cpu_vec_isa")
+    module.subprocess = CountingSubprocess()  # type: ignore[attr-defined]
+    module.VecISA = type("VecISA", (), {"_avx_py_load": NEW_FORM})  # type: ignore[attr-defined]
+    lib = library(tmp_path)
+    check(ProbeProxy(CountingSubprocess(), NEW_FORM), NEW_FORM, lib, old=False)
+    for first, second in (((lambda: False), None), (None, (lambda: False))):
+        module.subprocess = CountingSubprocess()  # type: ignore[attr-defined]
+        assert isaprobe.install(module, first) is None and isaprobe.install(module, second) is None
+        isaprobe.reset_counts()
+        check(module.subprocess, NEW_FORM, lib, old=False)
+        assert isaprobe.counts() == {"reused": 1, "run": 0, "recorded": 0}
