@@ -14,6 +14,7 @@ from . import envpolicy
 from .bundle import Entries, Entry, Limits
 from .compaction import PART_FIELD, Compaction, Held
 from .deadline import Deadline, bounded
+from .entries import PRECOMPILE_KIND
 from .errors import BundleError, LocalDiskError, StoreError, redact_cut
 from .report import TorchStats, UploadStats, human_bytes
 from .scratch import Scratch, unlink
@@ -107,7 +108,10 @@ class Upload:
             up.reason = "nothing new" if owner.torch_stats.compiled else "nothing was compiled"
             return
         up.attempted = True
-        compact = merge_only or len(owner.own_units()) + 1 > owner.compact_after
+        # A Dynamo entry traced again in place of a stored one that was refused: the older object's copy would be
+        # fetched (and refused) by every restore until a merge drops it, so merge now.
+        replaces = any(e.kind == PRECOMPILE_KIND and e.ident in owner.restored_own for e in new)
+        compact = merge_only or replaces or len(owner.own_units()) + 1 > owner.compact_after
         payload = self.scrubbed(owner.restored_own) if compact else Entries()
         payload.merge(new)  # a changed profile replaces the restored one
         compact = compact and len(payload) > len(new)
