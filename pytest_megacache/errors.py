@@ -100,10 +100,11 @@ class LocalDiskError(OSError):
     """A local disk refused a write (full, over quota, read-only, a size limit): this machine's fault, never the
     store's. ``str()``: ``TMPDIR full (12 MB free): <what> at <path>: <reason>``; ``disk``: its first part."""
 
-    def __init__(self, message: str, code: int | None, disk: str) -> None:
+    def __init__(self, message: str, code: int | None, disk: str, reason: str = "") -> None:
         super().__init__(code, message)
         self.message = message
         self.disk = disk
+        self.reason = reason or message  # what the system said ("No space left on device")
 
     def __str__(self) -> str:
         return self.message
@@ -113,4 +114,5 @@ class LocalDiskError(OSError):
         if isinstance(exc, LocalDiskError):
             return exc
         disk = disk_of(path, exc.errno)
-        return cls(f"{disk}: {what} at {path}: {exc.strerror or exc}", exc.errno, disk)
+        reason = str(exc.strerror or exc)
+        return cls(f"{disk}: {what} at {path}: {reason}", exc.errno, disk, reason)

@@ -346,7 +346,7 @@ class FileRoot:
                 entry = _read_under_torch_lock(self.path, rel, max(0.0, deadline - time.monotonic()),
                                                partial(_entry_of, self.kind, rel, mode, scratch_dir))
             except LocalDiskError as exc:
-                skipped.append(Skipped.of(f"{rel}: {exc.strerror}", size, str(exc)))
+                skipped.append(Skipped.of(f"{rel}: {exc.reason}", size, str(exc)))
                 continue
             except OSError as exc:
                 skipped.append(Skipped.of(f"{rel}: {exc.strerror or exc}", size))

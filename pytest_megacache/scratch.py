@@ -166,15 +166,18 @@ class Scratch:
         except OSError as exc:
             raise LocalDiskError.of(exc, self._path or self._base or tempfile.gettempdir(),
                                     f"fetching {name}") from exc
+        dest: _Watched | None = None
         try:
             with os.fdopen(fd, "wb") as raw:
                 dest = _Watched(raw)
-                try:
-                    found = store.fetch(folder, name, max_bytes, dest)  # type: ignore[arg-type]
-                except Exception as exc:
-                    if dest.failed is not None:  # the store's read went well; writing it here did not
-                        raise LocalDiskError.of(dest.failed, path, f"fetching {name}") from exc
-                    raise
+                found = store.fetch(folder, name, max_bytes, dest)  # type: ignore[arg-type]
+        except Exception as exc:
+            unlink(path)
+            # the store's read went well; writing it here (or flushing it, at the close) did not
+            fault = dest.failed if dest is not None and dest.failed is not None else local_fault(exc)
+            if fault is not None:
+                raise LocalDiskError.of(fault, path, f"fetching {name}") from exc
+            raise
         except BaseException:
             unlink(path)
             raise
