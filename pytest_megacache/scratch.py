@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import weakref
+from typing import Any
 
 try:
     import fcntl
@@ -132,6 +133,7 @@ class Scratch:
     def __init__(self, base: str | None = None) -> None:
         self._base = base
         self._path: str | None = None
+        self._release: weakref.finalize[Any, Any] | None = None  # removes it and lets its lock go, once
         self._lock = threading.Lock()
         self.swept = (0, 0)
 
@@ -146,17 +148,15 @@ class Scratch:
                 except OSError:
                     shutil.rmtree(path, ignore_errors=True)
                     raise
-                weakref.finalize(self, _release, path, fd)
-                self._fd, self._path = fd, path
+                self._release = weakref.finalize(self, _release, path, fd)
+                self._path = path
             return self._path
 
     def close(self) -> None:
         with self._lock:
-            path, self._path = self._path, None
-            fd = getattr(self, "_fd", None)
-            self._fd = None
-        if path is not None:
-            _release(path, fd)
+            release, self._release, self._path = self._release, None, None
+        if release is not None:
+            release()
 
     def fetch(self, store: Store, folder: str, name: str, max_bytes: int) -> str | None:
         """The object in a new scratch file (its path), fetched a chunk at a time; None when it is gone. A local
