@@ -45,6 +45,7 @@ import os
 import pickle
 import re
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -374,28 +375,32 @@ def _failed_load_contained(state: _Reuse) -> Iterator[None]:
     collected here and dropped; any other unraisable exception goes on to the hook that was there."""
     from torch._dynamo.utils import counters
 
-    before = counters["dynamo_cache"]["dynamo_cache_error"]
-    record = _FailedLoadRecord()
-    logger = logging.getLogger("torch._dynamo.package")
-    caught: list[Any] = []
-    previous = sys.unraisablehook
-    sys.unraisablehook = caught.append
-    logger.addFilter(record)
-    try:
-        yield
-    finally:
-        logger.removeFilter(record)
-        failed = record.detail is not None or counters["dynamo_cache"]["dynamo_cache_error"] > before
+    with _LOAD_LOCK:  # the process's unraisable hook is swapped by one load at a time
+        before = counters["dynamo_cache"]["dynamo_cache_error"]
+        record = _FailedLoadRecord()
+        logger = logging.getLogger("torch._dynamo.package")
+        caught: list[Any] = []
+        previous = sys.unraisablehook
+        sys.unraisablehook = caught.append
+        logger.addFilter(record)
         try:
-            if failed:
-                gc.collect()  # the half-loaded objects in reference cycles (the traceback's frames)
+            yield
         finally:
-            sys.unraisablehook = previous
-        if failed:
-            state.refuse("load_failed", record.detail or "torch failed to load the stored entry")
-        for unraisable in caught:
-            if not (failed and _of_torch(unraisable.object)):
-                previous(unraisable)
+            logger.removeFilter(record)
+            failed = record.detail is not None or counters["dynamo_cache"]["dynamo_cache_error"] > before
+            try:
+                if failed:
+                    gc.collect()  # the half-loaded objects in reference cycles (the traceback's frames)
+            finally:
+                sys.unraisablehook = previous
+            if failed:
+                state.refuse("load_failed", record.detail or "torch failed to load the stored entry")
+            for unraisable in caught:
+                if not (failed and _of_torch(unraisable.object)):
+                    previous(unraisable)
+
+
+_LOAD_LOCK = threading.RLock()
 
 
 def _of_torch(obj: object) -> bool:

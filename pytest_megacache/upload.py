@@ -21,6 +21,8 @@ from .scratch import Scratch, unlink
 from .stores import ObjectInfo, Store, new_object_name
 from .torch_adapter import MISS_COUNTERS, counter_sum
 
+# The reasons Dynamo reuse refuses a stored entry when it loads it (counted as ``dynamo_refused_<reason>``).
+REFUSED_AT_LOAD = ("load_failed", "code_changed", "collision", "missing_module", "global_changed")
 MAX_COLD_SECONDS = 500  # artifacts whose cold compile seconds one object's header records
 MAX_COMPILE_SECONDS = 86_400.0  # what one recorded compile may claim to have cost
 
@@ -108,9 +110,10 @@ class Upload:
             up.reason = "nothing new" if owner.torch_stats.compiled else "nothing was compiled"
             return
         up.attempted = True
-        # A Dynamo entry traced again in place of a stored one that was refused: the older object's copy would be
-        # fetched (and refused) by every restore until a merge drops it, so merge now.
-        replaces = any(e.kind == PRECOMPILE_KIND and e.ident in owner.restored_own for e in new)
+        # A Dynamo entry traced again in place of a stored one that was refused when loaded: the older object's copy
+        # would be fetched (and refused) by every restore until a merge drops it, so merge now.
+        refused = sum(owner.torch_stats.counters.get(f"dynamo_refused_{reason}", 0) for reason in REFUSED_AT_LOAD)
+        replaces = bool(refused) and any(e.kind == PRECOMPILE_KIND and e.ident in owner.restored_own for e in new)
         compact = merge_only or replaces or len(owner.own_units()) + 1 > owner.compact_after
         payload = self.scrubbed(owner.restored_own) if compact else Entries()
         payload.merge(new)  # a changed profile replaces the restored one

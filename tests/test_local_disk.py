@@ -290,35 +290,60 @@ def test_a_file_left_out_of_the_upload_is_one_warning_and_a_summary_line(
 
 # --- a Dynamo entry traced again in place of a refused one --------------------------------------------------------------
 class Precompile(FakeTorch):
-    """Saves one Dynamo entry under a fixed key, with the bytes given."""
+    """Saves one Dynamo entry under a fixed key, with the bytes given; ``refused``: the stored one was refused when
+    loaded (as Dynamo reuse counts it)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, refused: bool = False) -> None:
+        self.data, self.refused = data, refused
         super().__init__([KEY_A])
-        self.data = data
 
     def save(self) -> bytes | None:
         from pytest_megacache import torchfmt
 
         return torchfmt.serialize([("inductor", KEY_A, b"graph"), ("precompile", "p" * 64, self.data)])
 
+    def counters(self) -> dict[str, int]:
+        return {**super().counters(), **({"dynamo_refused_load_failed": 1} if self.refused else {})}
 
-def test_a_dynamo_entry_traced_again_replaces_the_stored_one(tmpdir_: Path, tmp_path: Path) -> None:
+
+def precompile_copies(store_dir: Path) -> list[bytes]:
+    return [e.data for entries in stored(store_dir) for e in entries if e.kind == "torch/precompile"]
+
+
+def test_a_dynamo_entry_traced_again_replaces_the_refused_one_at_once(tmpdir_: Path, tmp_path: Path) -> None:
     """A stored Dynamo entry that was refused at load is traced again under its key: the fresh one is uploaded, and
-    the merge drops the refused copy at once (else every warm run would fetch it, refuse it and trace)."""
+    the upload merges, dropping the refused copy at once (else every warm run would fetch it, refuse it and
+    trace)."""
     store = LocalDirStore(tmp_path / "store")
-    for name, data in (("cold", b"refused when loaded"), ("warm", b"traced again")):
+    for name, torch in (("cold", Precompile(b"refused when loaded")), ("warm", Precompile(b"traced again", True))):
         s = session(store, tmp_path / name)
         s.start_restore(background=False)
-        s.finish(Precompile(data))  # type: ignore[arg-type]
+        s.finish(torch)  # type: ignore[arg-type]
         assert s.problems == [], s.problems
         s.close()
     assert s.upload_stats.new_entries == {"torch/precompile": 1}
-    copies = [e.data for entries in stored(tmp_path / "store") for e in entries if e.kind == "torch/precompile"]
-    assert copies == [b"traced again"]
+    assert precompile_copies(tmp_path / "store") == [b"traced again"]
     again = session(store, tmp_path / "again")
     again.start_restore(background=False)
     again.finish(Precompile(b"traced again"))  # type: ignore[arg-type]
     assert again.upload_stats.reason == "nothing new"
+
+
+def test_a_dynamo_entry_that_grew_is_uploaded_and_wins_merged_at_the_next_merge(tmpdir_: Path, tmp_path: Path) -> None:
+    """Without a refusal (a variant added to an installed entry), the grown entry is uploaded and is the one a
+    restore takes; the older copy goes at the next merge, as overlapping objects do."""
+    store = LocalDirStore(tmp_path / "store")
+    for name, data in (("cold", b"one variant"), ("warm", b"two variants")):
+        s = session(store, tmp_path / name)
+        s.start_restore(background=False)
+        s.finish(Precompile(data))  # type: ignore[arg-type]
+        s.close()
+    assert sorted(precompile_copies(tmp_path / "store")) == [b"one variant", b"two variants"]
+    merge = session(store, tmp_path / "merge")
+    merge.start_restore(background=False)
+    assert merge.restored.get(("torch/precompile", "p" * 64)) == Entry("torch/precompile", "p" * 64, b"two variants")
+    merge.finish(Precompile(b"two variants"))  # type: ignore[arg-type]
+    assert merge.upload_stats.converged == 2 and precompile_copies(tmp_path / "store") == [b"two variants"]
 
 
 def test_entries_whose_newest_copy_wins() -> None:
