@@ -86,22 +86,40 @@ def stored(store_dir: Path) -> list[Entries]:
 
 # --- scratch with an owner ------------------------------------------------------------------------------------------
 HOLDER = """
-import sys, tempfile, time
+import sys, tempfile, threading, time
+from pathlib import Path
+from pytest_megacache.core import CacheSession
+from pytest_megacache.files import FileRoot
 from pytest_megacache.fsutil import write_atomic
-from pytest_megacache.scratch import Scratch
+from pytest_megacache.stores import MemoryStore, new_object_name
 
-tempfile.tempdir = sys.argv[1]
-scratch = Scratch()
-with open(scratch.path() + "/object.mcb", "wb") as fh:
-    fh.write(b"x" * 4096)
+tempfile.tempdir, cache = sys.argv[1], sys.argv[2]
+FOLDER, FP = "pytest-megacache/fp", "fp"
+writing = threading.Event()
 
-def chunks():
+
+def kernel():  # a kernel file being written into the cache directory, half done
     yield b"half a kernel"
-    print(scratch.path(), flush=True)  # fetched into scratch, a file being restored into the cache directory
+    writing.set()
     time.sleep(600)
     yield b"never"
 
-write_atomic(sys.argv[2] + "/kernel.so", chunks(), lock=True)
+
+class Slow(MemoryStore):
+    def fetch(self, folder, name, max_bytes, dest):  # an object half fetched into the scratch directory
+        dest.write(b"x" * 4096)
+        dest.flush()
+        writing.wait()
+        print(session.scratch.path(), flush=True)
+        time.sleep(600)
+
+
+store = Slow()
+store.put(FOLDER, new_object_name(), b"an object")
+threading.Thread(target=write_atomic, args=(cache + "/kernel.so", kernel()), kwargs={"lock": True}, daemon=True).start()
+session = CacheSession(store_factory=lambda: store, folder=FOLDER, fingerprint=FP, roots=[FileRoot("inductor", Path(cache))],
+                       reads=True, writes=True)
+session.start_restore(background=False)
 """
 
 
@@ -127,9 +145,10 @@ def holders() -> Iterator[list[subprocess.Popen[str]]]:
 @pytest.mark.skipif(os.name == "nt", reason="flock")
 def test_what_a_killed_session_left_is_removed_and_a_running_sessions_is_kept(
         tmpdir_: Path, tmp_path: Path, holders: list[subprocess.Popen[str]]) -> None:
-    """Two sessions share a TMPDIR and a cache directory, each mid-restore (an object in its scratch, a kernel being
-    written); one is killed. The next session's restore removes the killed one's scratch directory and its
-    temporary file, and leaves the running one's alone, even once both files look old."""
+    """Two sessions share a TMPDIR and a cache directory, each mid-restore (an object half fetched into its scratch,
+    a kernel half written into the cache directory); one is killed. The next session's restore removes the killed
+    one's scratch directory and its temporary file, and leaves the running one's alone, even once both files look
+    old."""
     cache = tmp_path / "inductor"
     cache.mkdir()
     killed, killed_scratch = start_holder(tmpdir_, cache)
@@ -153,7 +172,7 @@ def test_what_a_killed_session_left_is_removed_and_a_running_sessions_is_kept(
     s.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
 
     assert not killed_scratch.exists() and not temps[killed.pid].exists()
-    assert (running_scratch / "object.mcb").exists() and temps[running.pid].exists()
+    assert list(running_scratch.glob("*.mcb")) and temps[running.pid].exists()
     assert not unowned.exists() and fresh.exists()
     assert s.restore_stats.strays_removed == 1 and s.scratch.swept[0] == 2
     assert s.problems == []
