@@ -367,7 +367,9 @@ class FileRoot:
         removed = size = 0
         if not self.path.is_dir():
             return 0, 0
-        for dirpath, _dirnames, filenames in os.walk(self.path):
+        for dirpath, dirnames, filenames in os.walk(self.path):
+            if dirpath == str(self.path):  # nothing of the restore's is written there (see snapshot)
+                dirnames[:] = [d for d in dirnames if d not in EXCLUDED_TOP]
             for name in filenames:
                 if temp_owner(name) is None:
                     continue
