@@ -371,17 +371,22 @@ def _failed_load_contained(state: _Reuse) -> Iterator[None]:
     """torch's ``DynamoCache.load`` catches its own failure to load a stored entry (bytes that do not unpickle): it
     logs a warning with the traceback, counts ``dynamo_cache_error`` and returns None, so the frame is traced. Such
     an entry counts as refused here (``load_failed``), its log record is kept from the session, and the unraisable
-    exceptions that the half-loaded objects raise when they are collected (``CompiledFxGraph.__del__``) are
-    collected here and dropped; any other unraisable exception goes on to the hook that was there."""
+    exceptions that torch's objects raise while the load runs (the half-loaded graphs' ``CompiledFxGraph.__del__``,
+    collected here) are dropped; any other unraisable exception goes on to the hook that was there, at once (a hook
+    must not keep what it is given)."""
     from torch._dynamo.utils import counters
 
     with _LOAD_LOCK:  # the process's unraisable hook is swapped by one load at a time
         before = counters["dynamo_cache"]["dynamo_cache_error"]
         record = _FailedLoadRecord()
         logger = logging.getLogger("torch._dynamo.package")
-        caught: list[Any] = []
         previous = sys.unraisablehook
-        sys.unraisablehook = caught.append
+
+        def hook(unraisable: Any) -> None:
+            if not _of_torch(unraisable.object):
+                previous(unraisable)
+
+        sys.unraisablehook = hook
         logger.addFilter(record)
         try:
             yield
@@ -395,9 +400,6 @@ def _failed_load_contained(state: _Reuse) -> Iterator[None]:
                 sys.unraisablehook = previous
             if failed:
                 state.refuse("load_failed", record.detail or "torch failed to load the stored entry")
-            for unraisable in caught:
-                if not (failed and _of_torch(unraisable.object)):
-                    previous(unraisable)
 
 
 _LOAD_LOCK = threading.RLock()
