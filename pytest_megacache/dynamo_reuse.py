@@ -35,13 +35,18 @@ workers and the report carry them like torch's) say what was reused, traced, sto
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import inspect
 import itertools
+import logging
 import os
 import pickle
 import re
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from .dynamo_proofs import Refused, check_proofs, code_digest, function_of, pack_guards, prove, source_id, unpack_guards
@@ -57,7 +62,7 @@ PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MOD
 UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "missing_module",
-            "torch_error")
+            "torch_error", "load_failed")
 COUNTERS = ("dynamo_reused", "dynamo_traced", "dynamo_stored", *(f"dynamo_refused_{r}" for r in REFUSALS))
 _UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 
@@ -248,7 +253,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     def checked_load(fn: Any) -> Any:
         try:
-            result = load(fn)
+            with _failed_load_contained(state):
+                result = load(fn)
         except Exception as exc:  # noqa: BLE001
             state.refuse_error(exc)
             return None
@@ -340,6 +346,69 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
 
     cache.write = write_each
+
+
+class _FailedLoadRecord(logging.Filter):
+    """Keeps torch's "Failed to load package" record (logged with its traceback) from the session's handlers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.detail: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Failed to load package"):
+            return True
+        if self.detail is None:
+            exc = record.exc_info[1] if record.exc_info else None
+            cause = exc.__cause__ if exc is not None and exc.__cause__ is not None else exc
+            self.detail = f"{type(cause).__name__}: {cause}" if cause is not None else record.getMessage()
+        record.exc_info = None
+        return False
+
+
+@contextlib.contextmanager
+def _failed_load_contained(state: _Reuse) -> Iterator[None]:
+    """torch's ``DynamoCache.load`` catches its own failure to load a stored entry (bytes that do not unpickle): it
+    logs a warning with the traceback, counts ``dynamo_cache_error`` and returns None, so the frame is traced. Such
+    an entry counts as refused here (``load_failed``), its log record is kept from the session, and the unraisable
+    exceptions that torch's objects raise while the load runs (the half-loaded graphs' ``CompiledFxGraph.__del__``,
+    collected here) are dropped; any other unraisable exception goes on to the hook that was there, at once (a hook
+    must not keep what it is given)."""
+    from torch._dynamo.utils import counters
+
+    with _LOAD_LOCK:  # the process's unraisable hook is swapped by one load at a time
+        before = counters["dynamo_cache"]["dynamo_cache_error"]
+        record = _FailedLoadRecord()
+        logger = logging.getLogger("torch._dynamo.package")
+        previous = sys.unraisablehook
+
+        def hook(unraisable: Any) -> None:
+            if not _of_torch(unraisable.object):
+                previous(unraisable)
+
+        sys.unraisablehook = hook
+        logger.addFilter(record)
+        try:
+            yield
+        finally:
+            logger.removeFilter(record)
+            failed = record.detail is not None or counters["dynamo_cache"]["dynamo_cache_error"] > before
+            try:
+                if failed:
+                    gc.collect()  # the half-loaded objects in reference cycles (the traceback's frames)
+            finally:
+                sys.unraisablehook = previous
+            if failed:
+                state.refuse("load_failed", record.detail or "torch failed to load the stored entry")
+
+
+_LOAD_LOCK = threading.RLock()
+
+
+def _of_torch(obj: object) -> bool:
+    """Whether ``obj`` (what raised an unraisable exception: a ``__del__`` method, an object) is torch's."""
+    module = getattr(obj, "__module__", None)
+    return (module if isinstance(module, str) else type(obj).__module__).startswith("torch")
 
 
 def _autograd_cache() -> Any:
