@@ -56,8 +56,35 @@ def test_key_has_readable_segments() -> None:
     assert fp.key.split("/")[2] == f"{PY}-{fp.parts['platform']}"
 
 
-def test_key_is_deterministic() -> None:
-    assert compute({"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}).key == compute({"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}).key
+_IN_A_PROCESS = """
+import json, sys
+from pathlib import Path
+from pytest_megacache import fingerprint
+torch = fingerprint.TorchInfo("2.13.0+cpu", "cf30153c", None, None, Path("/nowhere/torch"))
+fp = fingerprint.compute(env=json.loads(sys.argv[1]), torch=torch)
+print(json.dumps({"key": fp.key, "parts": fp.parts}, sort_keys=True))
+"""
+
+
+def in_a_process(env: dict[str, str], hash_seed: str) -> dict[str, object]:
+    """The fingerprint of ``env`` as another interpreter computes it, under its own ``PYTHONHASHSEED`` (the order of
+    its sets and its str hashes differ from this process's)."""
+    full = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", _IN_A_PROCESS, json.dumps(env)], env=full, capture_output=True,
+                         text=True, timeout=120, check=True)
+    doc = json.loads(out.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_key_is_the_same_in_every_process() -> None:
+    """Sessions on two machines of one kind compute one key: no hash seed, set order or per-process salt in it."""
+    env = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1", "TORCHINDUCTOR_FREEZING": "1", "TRITON_F32_DEFAULT": "ieee",
+           "TORCHINDUCTOR_REDIS_URL": REDIS_URL, "TRITON_HOME": "/x"}
+    here = compute(env)
+    one, other = in_a_process(env, "1"), in_a_process(dict(reversed(env.items())), "2")
+    assert one == other == {"key": here.key, "parts": json.loads(json.dumps(here.parts))}
+    assert in_a_process({}, "3")["key"] == compute().key != here.key
 
 
 def test_digest_covers_every_part() -> None:
@@ -140,9 +167,13 @@ def test_a_hidden_value_still_changes_the_key() -> None:
 
 
 def test_hidden_values_are_stable() -> None:
+    """A hidden value's digest is the same in every process (test_key_is_the_same_in_every_process) and whatever
+    the order of the environment."""
     env = {"TORCHINDUCTOR_REDIS_URL": REDIS_URL, "TORCHINDUCTOR_FREEZING": "1", "TRITON_HOME": "/x"}
-    assert compute(env).key == compute(dict(env)).key
     assert compute(env).parts == compute(dict(reversed(env.items()))).parts
+    hidden = in_a_process(env, "4")["parts"]
+    assert isinstance(hidden, dict) and hidden["env"] == compute(env).parts["env"]
+    assert HIDDEN_RE.fullmatch(hidden["env"]["TORCHINDUCTOR_REDIS_URL"])
 
 
 def test_hidden_digests_are_domain_separated() -> None:
