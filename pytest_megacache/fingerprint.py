@@ -14,7 +14,7 @@ and report, never carry a credential such as ``TORCHINDUCTOR_REDIS_URL``'s passw
 Key layout (one readable segment per concern, then a short hash of everything)::
 
     torch-2.13.0/cpu-avx512vnni-t2/py3.11-linux-x86_64/3f9a1c2b7d10
-    torch-2.11.0+cu130/cuda13.0-nvidia-h100-80gb-hbm3-sm90/py3.11-linux-x86_64/8c1d...
+    torch-2.11.0+cu130/cuda13.0-nvidia-h100-80gb-hbm3/py3.11-linux-x86_64/8c1d...
 """
 
 from __future__ import annotations
@@ -216,27 +216,46 @@ def thread_count(physical_cores: int | None) -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def gpu_names() -> list[str]:
-    """Names of the NVIDIA GPUs, from the driver's proc files or nvidia-smi; empty when none."""
+# The NVIDIA driver's directory of one ``<PCI bus id>/information`` file per GPU.
+PROC_GPUS = Path("/proc/driver/nvidia/gpus")
+# What nvidia-smi is asked: the model name alone, one line per GPU, as the proc files give it (``Model:``).
+SMI_ARGS = ("--query-gpu=name", "--format=csv,noheader")
+
+
+def gpu_names_from_proc(root: Path) -> list[str]:
+    """The ``Model:`` line of each GPU's ``information`` file under ``root``, in PCI bus order."""
     names = []
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+    for info in sorted(root.glob("*/information")):
         try:
             for line in info.read_text().splitlines():
                 if line.startswith("Model:"):
                     names.append(line.split(":", 1)[1].strip())
-        except OSError:
+                    break
+        except (OSError, UnicodeDecodeError):
             continue
+    return names
+
+
+def gpu_names_from_smi(stdout: str) -> list[str]:
+    """The names in what ``nvidia-smi`` printed for :data:`SMI_ARGS`: one a line."""
+    return [line.strip() for line in stdout.splitlines() if line.strip()]
+
+
+def gpu_names(proc: Path | None = None) -> list[str]:
+    """Names of the NVIDIA GPUs, the model alone (``NVIDIA H100 80GB HBM3``) whichever source answers: the
+    driver's proc files (``proc``, else :data:`PROC_GPUS`), else ``nvidia-smi`` on ``PATH``; empty when none."""
+    names = gpu_names_from_proc(PROC_GPUS if proc is None else proc)
     if names:
         return names
     smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10, check=False).stdout
-            return [line.replace(",", " sm").strip() for line in out.splitlines() if line.strip()]
-        except (OSError, subprocess.SubprocessError):
-            return []
-    return []
+    if not smi:
+        return []
+    try:
+        done = subprocess.run([smi, *SMI_ARGS], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+        return []
+    # A failing nvidia-smi (no driver loaded, a mismatch) says so on stdout: those lines are no GPU's name.
+    return gpu_names_from_smi(done.stdout) if done.returncode == 0 else []
 
 
 def amd_gpu_archs(root: Path = Path("/sys/class/kfd/kfd/topology/nodes")) -> list[str]:

@@ -2,7 +2,9 @@
 
 Objects are immutable and uniquely named; nothing is ever overwritten, so concurrent writers cannot lose
 each other's work, and readers never see a partial object (S3 PUTs are atomic; the directory store
-writes a temp file and renames it). Names are validated on the way in and on the way out of a listing.
+writes a temp file and renames it). A put to a name that is taken keeps the object there and raises
+:class:`StoreError` in every store (S3: a conditional PUT, ``If-None-Match: *``). Names are validated on the way
+in and on the way out of a listing.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ class Store(Protocol):
 
     def get(self, folder: str, name: str, max_bytes: int) -> bytes | None: ...
 
-    def put(self, folder: str, name: str, data: bytes) -> None: ...
+    def put(self, folder: str, name: str, data: bytes) -> None:
+        """Store a new object; raises :class:`StoreError` (and keeps the object there) when the name is taken."""
+        ...
 
     def fetch(self, folder: str, name: str, max_bytes: int, dest: BinaryIO) -> bool:
         """Write the object into ``dest`` a chunk at a time (refused over ``max_bytes``); False if it is gone."""
@@ -125,8 +129,11 @@ class MemoryStore:
     def put(self, folder: str, name: str, data: bytes) -> None:
         if not valid_object_name(name):
             raise StoreError(f"bad object name {name!r}")
+        where = (validate_folder(folder), name)
         with self._lock:
-            self.objects.setdefault((validate_folder(folder), name), (bytes(data), time.time()))
+            if where in self.objects:
+                raise StoreError(f"object {name} already exists", "other")
+            self.objects[where] = (bytes(data), time.time())
 
     def fetch(self, folder: str, name: str, max_bytes: int, dest: BinaryIO) -> bool:
         data = self.get(folder, name, max_bytes)
@@ -284,6 +291,12 @@ def _classify(exc: BaseException) -> str:
     return "other"
 
 
+# What S3 answers a conditional PUT to a taken name (409: another conditional PUT to it is under way), and what an
+# endpoint without conditional writes answers one.
+_TAKEN = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+_NO_CONDITIONS = frozenset({"NotImplemented", "501"})
+
+
 def _describe(exc: BaseException) -> str:
     return redact_cut(str(exc) or type(exc).__name__)
 
@@ -383,17 +396,44 @@ class S3Store:
         return True
 
     def put(self, folder: str, name: str, data: bytes) -> None:
-        self._call("put", self.client.put_object, Key=self._key(folder, name), Body=data,
-                   ContentType="application/octet-stream")
+        self._put_new(self._key(folder, name), io.BytesIO(data))
 
     def put_file(self, folder: str, name: str, path: str) -> None:
         """One PUT whose body is read from the file (botocore rewinds it for a retry)."""
         key = self._key(folder, name)
         try:
             with open(path, "rb") as body:
-                self._call("put", self.client.put_object, Key=key, Body=body, ContentType="application/octet-stream")
+                self._put_new(key, body)
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
+
+    def _conditional_puts(self) -> bool:
+        """Whether the client knows ``IfNoneMatch`` for PutObject (botocore 1.35 and later; older ones refuse it)."""
+        try:
+            return "IfNoneMatch" in self.client.meta.service_model.operation_model("PutObject").input_shape.members
+        except Exception:  # noqa: BLE001 - a client without botocore's model: no condition to send
+            return False
+
+    def _put_new(self, key: str, body: BinaryIO) -> None:
+        """PUT ``body`` at ``key`` unless an object is there: a conditional write (``If-None-Match: *``), which S3
+        and most compatible endpoints honour. An endpoint that does not implement it (501) gets the plain PUT: the
+        unique name is then the only guard, as it is with a botocore too old to send the condition."""
+        from botocore.exceptions import ClientError
+
+        for conditional in (True, False) if self._conditional_puts() else (False,):
+            body.seek(0)
+            condition = {"IfNoneMatch": "*"} if conditional else {}
+            try:
+                self._call("put", self.client.put_object, Key=key, Body=body, ContentType="application/octet-stream",
+                           **condition)
+                return
+            except StoreError as exc:
+                cause = exc.__cause__
+                code = str(cause.response.get("Error", {}).get("Code", "")) if isinstance(cause, ClientError) else ""
+                if code in _TAKEN:
+                    raise StoreError(f"object {key.rpartition('/')[2]} already exists", "other") from cause
+                if not (conditional and code in _NO_CONDITIONS):
+                    raise
 
     def delete(self, folder: str, name: str) -> None:
         self._call("delete", self.client.delete_object, Key=self._key(folder, name))

@@ -76,26 +76,43 @@ COUNTERS_CONFTEST = textwrap.dedent(
 
 @dataclass
 class Run:
+    """One session's result, its report (None when it wrote none) and torch's counters as the project's conftest
+    wrote them (``witness``: None when no process of the session wrote them, e.g. a session that crashed)."""
+
     result: pytest.RunResult
-    counters: dict[str, Any]
+    witness: dict[str, Any] | None
     report: dict[str, Any] | None
     root: Path
 
     @property
+    def counters(self) -> dict[str, Any]:
+        """torch's counters; a session that left none fails the test (a missing witness is never a zero)."""
+        if self.witness is None:
+            pytest.fail(f"the session wrote no counters file (exit {self.result.ret}):\n"
+                        + "\n".join(self.result.outlines[-30:] + self.result.errlines[-30:]))
+        return self.witness
+
+    def _count(self, group: str, name: str) -> int:
+        counters = self.counters
+        if group not in counters:  # torch's counters were never loaded: nothing compiled, nothing to count
+            pytest.fail(f"no process of the session loaded torch's counters ({group}): {counters}")
+        return int(counters[group].get(name, 0))
+
+    @property
     def fx_hits(self) -> int:
-        return int(self.counters.get("inductor", {}).get("fxgraph_cache_hit", 0))
+        return self._count("inductor", "fxgraph_cache_hit")
 
     @property
     def fx_misses(self) -> int:
-        return int(self.counters.get("inductor", {}).get("fxgraph_cache_miss", 0))
+        return self._count("inductor", "fxgraph_cache_miss")
 
     @property
     def aot_hits(self) -> int:
-        return int(self.counters.get("aot_autograd", {}).get("autograd_cache_hit", 0))
+        return self._count("aot_autograd", "autograd_cache_hit")
 
     @property
     def aot_misses(self) -> int:
-        return int(self.counters.get("aot_autograd", {}).get("autograd_cache_miss", 0))
+        return self._count("aot_autograd", "autograd_cache_miss")
 
     def megacache_warnings(self) -> list[str]:
         return [line for line in self.result.outlines if "MegacacheWarning" in line]
@@ -159,14 +176,22 @@ class TorchProject:
             result = self._run_in_pytester(self._pytester, pytest_args, run_env, timeout)
         else:
             result = self._run_in_path(root, pytest_args, run_env, timeout)
-        counters = json.loads(counters_path.read_text()) if counters_path.exists() else {}
-        for worker_file in sorted(root.glob("counters.json.gw*")):  # xdist workers: torch's counters summed
+        report = json.loads(report_path.read_text()) if report_path.exists() else None
+        return Run(result, self._counters(root, counters_path), report, root)
+
+    @staticmethod
+    def _counters(root: Path, counters_path: Path) -> dict[str, Any] | None:
+        """What the session's processes wrote of torch's counters, xdist workers' summed; None when none wrote."""
+        workers = sorted(root.glob("counters.json.gw*"))
+        if not counters_path.exists() and not workers:
+            return None
+        counters: dict[str, Any] = json.loads(counters_path.read_text()) if counters_path.exists() else {}
+        for worker_file in workers:
             worker = json.loads(worker_file.read_text())
             for group in ("inductor", "aot_autograd"):
                 for name, value in worker.get(group, {}).items():
                     counters.setdefault(group, {})[name] = counters.get(group, {}).get(name, 0) + value
-        report = json.loads(report_path.read_text()) if report_path.exists() else None
-        return Run(result, counters, report, root)
+        return counters
 
     @staticmethod
     def _run_in_pytester(pytester: pytest.Pytester, args: tuple[str, ...], run_env: dict[str, str | None],

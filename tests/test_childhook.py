@@ -336,12 +336,16 @@ def test_the_variable_names_agree() -> None:
 
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), ImportError()], ids=lambda e: type(e).__name__)
 def test_the_exit_handler_lets_no_exception_out(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
+    calls: list[tuple[Any, ...]] = []
+
     def raising(*args: Any) -> None:
+        calls.append(args)
         raise exc
 
     monkeypatch.setitem(sys.modules, "torch._dynamo.utils", type(sys)("torch._dynamo.utils"))
     monkeypatch.setattr(childhook, "exit_handler", raising)
     childstart._at_exit(os.getpid(), os.getppid(), "/spool")  # returns
+    assert calls == [(os.getpid(), os.getppid(), "/spool")]  # the handler ran, and what it raised stayed inside
 
 
 def test_the_exit_handler_imports_childhook_only_with_torch_loaded(monkeypatch: pytest.MonkeyPatch) -> None:

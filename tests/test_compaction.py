@@ -21,7 +21,7 @@ from pytest_megacache.bundle import Entries, Entry, Limits
 from pytest_megacache.core import CacheSession
 from pytest_megacache.errors import StoreError
 from pytest_megacache.report import _upload_lines
-from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, Store, Walk, new_object_name
+from pytest_megacache.stores import LocalDirStore, ObjectInfo, Store, Walk, new_object_name
 
 from .test_core import FOLDER, FP, FakeTorch
 
@@ -328,10 +328,10 @@ class HidingAPart(Overlapping):
         return out
 
 
-def test_a_group_half_listed_is_looked_at_again_and_merged() -> None:
+def test_a_group_half_listed_is_looked_at_again_and_merged(shared: Store) -> None:
     """A compaction that lists while a peer's group of parts is half stored or half deleted lists again once it may
     have settled: the whole group is then merged with its own (they share entries), and one group is left."""
-    store = MemoryStore()
+    store = shared
     inputs = seed(store)
     limits = Limits(max_object_bytes=60_000)
     first, second = session(store, limits=limits), session(view := HidingAPart(store), limits=limits)

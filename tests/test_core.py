@@ -7,13 +7,14 @@ the real thing); the store is the in-memory reference store or a real local dire
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_megacache import bundle as bundlemod
-from pytest_megacache import torchfmt
+from pytest_megacache import torchfmt, upload
 from pytest_megacache.core import CacheSession, nearest_fingerprint
 from pytest_megacache.files import FileRoot
 from pytest_megacache.stores import LocalDirStore, MemoryStore, Store
@@ -112,16 +113,63 @@ def test_a_subset_session_uploads_nothing_and_shrinks_nothing(tmp_path: Path) ->
     assert store.objects == before
 
 
-def test_concurrent_writers_never_overwrite_each_other(tmp_path: Path) -> None:
-    """Two sessions restore the same (empty) state, then both upload: both objects survive."""
-    store = MemoryStore()
-    s1, s2 = session(store, tmp_path, "a"), session(store, tmp_path, "b")
-    for s in (s1, s2):
+class PutTogether:
+    """A session's view of a shared store whose first put waits until the other session's reaches the store too."""
+
+    def __init__(self, inner: Store, barrier: threading.Barrier) -> None:
+        self.inner, self.label, self.barrier = inner, inner.label, barrier
+
+    def put_file(self, folder: str, name: str, path: str) -> None:
+        self.barrier.wait()
+        self.inner.put_file(folder, name, path)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
+def finish_at_once(store: Store, tmp_path: Path, keys: list[list[str]]) -> list[CacheSession]:
+    """Sessions that restored the same (empty) state, then upload at one moment, each from a thread of its own."""
+    barrier = threading.Barrier(len(keys), timeout=30)
+    sessions = [session(PutTogether(store, barrier), tmp_path, f"s{i}") for i in range(len(keys))]  # type: ignore[arg-type]
+    for s in sessions:
         s.start_restore(background=False)
-    s1.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
-    s2.finish(FakeTorch([KEY_B]))  # type: ignore[arg-type]
-    assert len(store.objects) == 2
-    assert stored_keys(store) == {KEY_A, KEY_B}
+    threads = [threading.Thread(target=s.finish, args=(FakeTorch(k),)) for s, k in zip(sessions, keys, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads) and not barrier.broken
+    return sessions
+
+
+def stored_in(store: Store) -> dict[str, set[str]]:
+    out = {}
+    for info in store.list(FOLDER):
+        blob = store.get(FOLDER, info.name, 1 << 30)
+        assert blob is not None
+        out[info.name] = {e.name for e in bundlemod.decode(blob, FP)[1]}
+    return out
+
+
+def test_concurrent_writers_never_overwrite_each_other(shared: Store, tmp_path: Path) -> None:
+    """Two sessions upload at one moment to a real store (a directory, S3): each object is stored whole."""
+    sessions = finish_at_once(shared, tmp_path, [[KEY_A], [KEY_B]])
+    assert all(not s.problems for s in sessions)
+    assert sorted(stored_in(shared).values(), key=sorted) == [{KEY_A}, {KEY_B}]
+
+
+def test_concurrent_writers_of_one_name_never_overwrite_each_other(shared: Store, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were two sessions to draw the same object name, at one moment: one object is stored and stays, and the other
+    session says its upload failed (it does not believe it stored what another replaced)."""
+    monkeypatch.setattr(upload, "new_object_name", lambda: "20260101T000000000-1-000000000000.mcb")
+    sessions = finish_at_once(shared, tmp_path, [[KEY_A], [KEY_B]])
+    [(stored, keys)] = stored_in(shared).items()
+    assert stored == "20260101T000000000-1-000000000000.mcb"
+    [winner] = [s for s in sessions if not s.problems]
+    [loser] = [s for s in sessions if s.problems]
+    assert keys == ({KEY_A} if winner is sessions[0] else {KEY_B})
+    assert loser.upload_stats.reason == "upload failed" and "already exists" in loser.problems[0], loser.problems
 
 
 def test_compaction_deletes_only_what_it_merged(tmp_path: Path) -> None:

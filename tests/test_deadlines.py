@@ -28,7 +28,8 @@ def test_bounded_gives_up_at_the_deadline_and_leaves_a_daemon_behind() -> None:
     start = time.monotonic()
     with pytest.raises(StoreError, match=r"probe did not finish within the budget of the probe \(0\.3 s\)") as caught:
         bounded(release.wait, Deadline(0.3, "the probe"), "probe")
-    assert 0.25 < time.monotonic() - start < 2
+    # Not before the budget; at it, give or take a loaded machine's delays (the call itself never returns).
+    assert 0.25 < time.monotonic() - start < 10
     assert caught.value.kind == "timeout"
     stuck = [t for t in threading.enumerate() if t.name == "megacache-probe"]
     assert stuck and all(t.daemon for t in stuck)  # never joined at interpreter exit
@@ -76,8 +77,9 @@ class HangingStore(MemoryStore):
 def test_the_restore_budget_is_paid_once_and_said_once(tmp_path: Path) -> None:
     store = HangingStore()
     run(store, tmp_path, "cold", [KEY_A])  # one object to list
+    budget = 1.5
     s = CacheSession(store_factory=lambda: store, folder=FOLDER, fingerprint=FP, roots=[], reads=True, writes=True,
-                     restore_timeout=0.5)
+                     restore_timeout=budget)
     s.start_restore()
     start = time.monotonic()
     s.load_into_torch(loader=lambda _blob: pytest.fail("nothing was restored, nothing may be loaded"))  # type: ignore[arg-type,return-value]
@@ -85,8 +87,12 @@ def test_the_restore_budget_is_paid_once_and_said_once(tmp_path: Path) -> None:
     again = time.monotonic()
     assert s.wait_restore() is True  # every later wait (each test, session end) returns at once
     s.finish(FakeTorch([KEY_B]))  # type: ignore[arg-type]
-    assert 0.4 < first < 2 and time.monotonic() - again < 0.2
-    assert s.problems == ["restore: 1 of 1 objects were not fetched within the budget of the restore (0.5 s, "
+    later = time.monotonic() - again
+    # The first wait pays the budget (the fetch never returns); paying it again would cost a whole budget more,
+    # since the fetch still hangs: both later calls together take less than one.
+    assert budget - 0.2 < first < budget + 10, first
+    assert later < budget, later
+    assert s.problems == ["restore: 1 of 1 objects were not fetched within the budget of the restore (1.5 s, "
                           "--megacache-timeout); the session went on without them"]
     assert s.upload_stats.reason == "store unavailable"  # what did not deliver in time gets no upload either
     store.release.set()
@@ -109,7 +115,7 @@ def test_a_restore_stuck_past_its_grace_is_abandoned_and_writes_nothing(tmp_path
     s.start_restore()
     start = time.monotonic()
     assert s.wait_restore() is False
-    assert time.monotonic() - start < 0.3 + 1.0 + 1.0
+    assert time.monotonic() - start < 0.3 + 1.0 + 10  # the budget and its grace, not the commit's wait (forever)
     assert s.wait_restore() is False
     resume.set()
     assert s.restore._thread is not None
@@ -137,7 +143,7 @@ def test_the_upload_has_its_own_budget(tmp_path: Path) -> None:
     s.start_restore(background=False)
     start = time.monotonic()
     s.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 0.4 + 10  # the 0.4 s budget, not the put's wait (forever)
     store.release.set()
     assert s.upload_stats.reason == "upload failed"
     assert s.problems == ["upload: upload did not finish within the budget of the upload (0.4 s, --megacache-upload-timeout)"]

@@ -345,14 +345,18 @@ def test_collect_skips_a_truncated_kernel(root: FileRoot) -> None:
     assert len(skipped) == 1 and skipped[0].startswith("ab/cut.so: truncated ELF file"), skipped
 
 
-def hold_torch_lock(lock: Path, seconds: float, then: Any = None) -> threading.Thread:
-    """Hold ``lock`` the way torch's FileLock does (an exclusive flock) in a thread, as a build would."""
+def hold_torch_lock(lock: Path, seconds: float | threading.Event, then: Any = None) -> threading.Thread:
+    """Hold ``lock`` the way torch's FileLock does (an exclusive flock) in a thread, as a build would: for
+    ``seconds``, or until that event is set (a minute at most)."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
 
     def release() -> None:
-        time.sleep(seconds)
+        if isinstance(seconds, threading.Event):
+            seconds.wait(60)
+        else:
+            time.sleep(seconds)
         if then is not None:
             then()
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -391,16 +395,21 @@ def test_collect_gives_up_on_a_build_that_holds_the_lock_too_long(root: FileRoot
 def test_the_lock_wait_is_one_budget_for_the_whole_collect(root: FileRoot) -> None:
     """Many kernels locked by a long build elsewhere cost the session lock_wait once, not once per file."""
     threads = []
+    build_done = threading.Event()
     for i in range(5):
         write(root.path / "ab" / f"ck{i}.so", elf())
-        threads.append(hold_torch_lock(root.path / "locks" / f"ck{i}.lock", 1.5))
+        threads.append(hold_torch_lock(root.path / "locks" / f"ck{i}.lock", build_done))
     start = time.monotonic()
-    entries, skipped = root.collect(set(), lock_wait=0.3)
-    took = time.monotonic() - start
-    for thread in threads:
-        thread.join()
+    try:
+        entries, skipped = root.collect(set(), lock_wait=1.0)
+        took = time.monotonic() - start
+    finally:
+        build_done.set()
+        for thread in threads:
+            thread.join()
     assert not entries and len(skipped) == 5
-    assert took < 1.2, took  # one 0.3 s budget; 5 x 0.3 s would be 1.5 s (the locks are held 1.5 s)
+    # The locks stay taken throughout: a budget per file would cost 5 x 1 s at least; one budget costs 1 s.
+    assert 0.9 < took < 4.5, took
 
 
 # --- Inductor's CPU precompiled header ---------------------------------------------------------------

@@ -56,8 +56,35 @@ def test_key_has_readable_segments() -> None:
     assert fp.key.split("/")[2] == f"{PY}-{fp.parts['platform']}"
 
 
-def test_key_is_deterministic() -> None:
-    assert compute({"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}).key == compute({"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}).key
+_IN_A_PROCESS = """
+import json, sys
+from pathlib import Path
+from pytest_megacache import fingerprint
+torch = fingerprint.TorchInfo("2.13.0+cpu", "cf30153c", None, None, Path("/nowhere/torch"))
+fp = fingerprint.compute(env=json.loads(sys.argv[1]), torch=torch)
+print(json.dumps({"key": fp.key, "parts": fp.parts}, sort_keys=True))
+"""
+
+
+def in_a_process(env: dict[str, str], hash_seed: str) -> dict[str, object]:
+    """The fingerprint of ``env`` as another interpreter computes it, under its own ``PYTHONHASHSEED`` (the order of
+    its sets and its str hashes differ from this process's)."""
+    full = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", _IN_A_PROCESS, json.dumps(env)], env=full, capture_output=True,
+                         text=True, timeout=120, check=True)
+    doc = json.loads(out.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_key_is_the_same_in_every_process() -> None:
+    """Sessions on two machines of one kind compute one key: no hash seed, set order or per-process salt in it."""
+    env = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1", "TORCHINDUCTOR_FREEZING": "1", "TRITON_F32_DEFAULT": "ieee",
+           "TORCHINDUCTOR_REDIS_URL": REDIS_URL, "TRITON_HOME": "/x"}
+    here = compute(env)
+    one, other = in_a_process(env, "1"), in_a_process(dict(reversed(env.items())), "2")
+    assert one == other == {"key": here.key, "parts": json.loads(json.dumps(here.parts))}
+    assert in_a_process({}, "3")["key"] == compute().key != here.key
 
 
 def test_digest_covers_every_part() -> None:
@@ -140,9 +167,13 @@ def test_a_hidden_value_still_changes_the_key() -> None:
 
 
 def test_hidden_values_are_stable() -> None:
+    """A hidden value's digest is the same in every process (test_key_is_the_same_in_every_process) and whatever
+    the order of the environment."""
     env = {"TORCHINDUCTOR_REDIS_URL": REDIS_URL, "TORCHINDUCTOR_FREEZING": "1", "TRITON_HOME": "/x"}
-    assert compute(env).key == compute(dict(env)).key
     assert compute(env).parts == compute(dict(reversed(env.items()))).parts
+    hidden = in_a_process(env, "4")["parts"]
+    assert isinstance(hidden, dict) and hidden["env"] == compute(env).parts["env"]
+    assert HIDDEN_RE.fullmatch(hidden["env"]["TORCHINDUCTOR_REDIS_URL"])
 
 
 def test_hidden_digests_are_domain_separated() -> None:
@@ -223,6 +254,79 @@ def test_cpu_torch_never_probes_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(fingerprint, "gpu_names", boom)
     assert compute().parts["gpus"] == []
+
+
+# What the NVIDIA driver (580.159.04) shows of an H100 SXM in /proc/driver/nvidia/gpus/0000:00:06.0/information, and
+# the same host's `nvidia-smi --query-gpu=name --format=csv,noheader`; an A100 beside it on a second bus, for the order.
+H100_INFORMATION = """Model: \t\t NVIDIA H100 80GB HBM3
+IRQ:   \t\t 41
+GPU UUID: \t GPU-e585a79c-a8e2-169e-b75f-b4332f119942
+Video BIOS: \t 96.00.da.00.0c
+Bus Type: \t PCIe
+DMA Size: \t 52 bits
+DMA Mask: \t 0xfffffffffffff
+Bus Location: \t 0000:00:06.0
+Device Minor: \t 0
+GPU Firmware: \t 580.159.04
+GPU Excluded:\t No
+"""
+A100_INFORMATION = H100_INFORMATION.replace("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB").replace(
+    "0000:00:06.0", "0000:41:00.0").replace("Device Minor: \t 0", "Device Minor: \t 1")
+SMI_OUTPUT = "NVIDIA H100 80GB HBM3\nNVIDIA A100-SXM4-80GB\n"
+SMI_FAILED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+              "NVIDIA driver is installed and running.\n\n")
+CUDA_TORCH = TorchInfo("2.11.0+cu130", "abc", "13.0", None, Path("/nowhere"))
+
+
+def proc_gpus(tmp_path: Path) -> Path:
+    root = tmp_path / "proc-gpus"
+    for bus, text in (("0000:41:00.0", A100_INFORMATION), ("0000:00:06.0", H100_INFORMATION)):
+        (root / bus).mkdir(parents=True)
+        (root / bus / "information").write_text(text)
+    return root
+
+
+def fake_nvidia_smi(tmp_path: Path, stdout: str, rc: int = 0) -> Path:
+    """A directory with an ``nvidia-smi`` that prints ``stdout`` when asked what the fingerprint asks."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "smi-output").write_text(stdout)
+    script = bin_dir / "nvidia-smi"
+    expected = " ".join(fingerprint.SMI_ARGS)
+    script.write_text(f'#!/bin/sh\nPATH=/usr/bin:/bin\n'
+                      f'[ "$*" = "{expected}" ] || {{ echo "unexpected arguments: $*"; exit 2; }}\n'
+                      f'cat "{tmp_path / "smi-output"}"\nexit {rc}\n')
+    script.chmod(0o755)
+    return bin_dir
+
+
+def test_both_gpu_sources_give_the_same_names_in_bus_order(tmp_path: Path) -> None:
+    assert fingerprint.gpu_names_from_proc(proc_gpus(tmp_path)) == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
+    assert fingerprint.gpu_names_from_smi(SMI_OUTPUT) == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
+    assert fingerprint.gpu_names_from_proc(tmp_path / "no-driver") == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for nvidia-smi")
+def test_the_key_names_the_gpu_alike_whichever_source_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's proc files where they are (a container may lack them), else nvidia-smi: one GPU part either way."""
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path, SMI_OUTPUT)))
+    monkeypatch.setattr(fingerprint, "PROC_GPUS", tmp_path / "no-driver")
+    from_smi = compute(torch=CUDA_TORCH)
+    monkeypatch.setattr(fingerprint, "PROC_GPUS", proc_gpus(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    from_proc = compute(torch=CUDA_TORCH)
+    assert from_smi.key == from_proc.key
+    assert from_proc.key.startswith("torch-2.11.0+cu130/cuda13.0-nvidia-h100-80gb-hbm3/"), from_proc.key
+    assert from_smi.parts["gpus"] == from_proc.parts["gpus"] == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for nvidia-smi")
+def test_a_failing_nvidia_smi_names_no_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No driver: nvidia-smi says so on stdout and exits non-zero; its words are no GPU's name."""
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path, SMI_FAILED, rc=9)))
+    monkeypatch.setattr(fingerprint, "PROC_GPUS", tmp_path / "no-driver")
+    assert fingerprint.gpu_names() == []
+    assert compute(torch=CUDA_TORCH).key.split("/")[1].startswith("cpu-")
 
 
 # --- the vector ISA torch picks ------------------------------------------------------------------------

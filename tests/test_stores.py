@@ -414,11 +414,51 @@ def test_dir_store_get_does_not_follow_a_link(tmp_path: Path) -> None:
     assert b"not the store's" not in str(info.value).encode()
 
 
-def test_memory_store_does_not_overwrite() -> None:
-    store = MemoryStore()
+def test_a_put_to_a_taken_name_keeps_the_object_and_says_so(store: Store, tmp_path: Path) -> None:
+    """Every store alike: the object there stays, byte for byte, and the put raises (S3: a conditional PUT)."""
     store.put(FOLDER, name(1), b"first")
-    store.put(FOLDER, name(1), b"second")
+    with pytest.raises(StoreError, match="already exists"):
+        store.put(FOLDER, name(1), b"second")
+    other = tmp_path / "other"
+    other.write_bytes(b"third")
+    with pytest.raises(StoreError, match="already exists"):
+        store.put_file(FOLDER, name(1), str(other))
     assert store.get(FOLDER, name(1), max_bytes=10) == b"first"
+    assert [info.name for info in store.list(FOLDER)] == [name(1)]
+
+
+class NoConditionalWrites:
+    """An S3-compatible endpoint that answers a conditional PUT with 501 NotImplemented, and stores nothing then."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.meta = client, client.meta
+        self.conditional: list[bool] = []
+
+    def put_object(self, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
+        self.conditional.append("IfNoneMatch" in kwargs)
+        if "IfNoneMatch" in kwargs:
+            raise ClientError({"Error": {"Code": "NotImplemented", "Message": "A header you provided implies "
+                                         "functionality that is not implemented"},
+                               "ResponseMetadata": {"HTTPStatusCode": 501}}, "PutObject")
+        return self.client.put_object(**kwargs)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.client, attr)
+
+
+def test_an_endpoint_without_conditional_writes_gets_a_plain_put(s3_clients: dict[str, Any], tmp_path: Path) -> None:
+    """Where the condition is not implemented, the object is stored all the same (its unique name guards it)."""
+    client = NoConditionalWrites(s3_clients["raw"])
+    store = S3Store(_new_bucket(s3_clients["raw"]), client)
+    store.put(FOLDER, name(1), b"bytes")
+    path = tmp_path / "object"
+    path.write_bytes(b"from a file" * 1000)
+    store.put_file(FOLDER, name(2), str(path))  # the body is read again, whole, for the plain PUT
+    assert client.conditional == [True, False, True, False]
+    assert store.get(FOLDER, name(1), max_bytes=100) == b"bytes"
+    assert store.get(FOLDER, name(2), max_bytes=100_000) == b"from a file" * 1000
 
 
 def test_from_settings_picks_the_backend(tmp_path: Path, s3_env: S3Server) -> None:

@@ -13,7 +13,7 @@ import pytest
 from pytest_megacache import bundle as bundlemod
 from pytest_megacache.bundle import Entries, Entry
 
-from .helpers_torch import TorchProject, skip_without_torch
+from .helpers_torch import Run, TorchProject, skip_without_torch
 
 skip_without_torch()
 pytestmark = pytest.mark.torch
@@ -47,9 +47,10 @@ def test_dynamic_shape_profile_makes_the_warm_run_compile_once(pytester: pytest.
     assert cold.report["torch"]["compiles"] == 2  # static shape first, then a dynamic recompile
     assert cold.report["upload"]["new_entries"].get("torch/pgo") == 1
     warm = project.run()
+    warm.result.assert_outcomes(passed=1)
     assert warm.report is not None
     assert warm.report["torch"]["compiles"] == 1, warm.report["torch"]  # the profile says: dynamic at once
-    assert warm.fx_misses == 0
+    assert (warm.fx_hits, warm.fx_misses) == (1, 0), warm.counters  # and that one graph is restored
 
 
 def test_signed_objects_round_trip_and_unsigned_ones_are_refused(pytester: pytest.Pytester, tmp_path: Path) -> None:
@@ -65,6 +66,7 @@ def test_signed_objects_round_trip_and_unsigned_ones_are_refused(pytester: pytes
     planted.write_bytes(bundlemod.encode(Entries([Entry("file/inductor", "zz/evil.so", b"\x7fELF")]),
                                          header.fingerprint))
     warm = project.run("-k", "test_f")
+    warm.result.assert_outcomes(passed=1, deselected=2)
     assert warm.fx_misses == 0 and warm.fx_hits == 1  # the signed object was used
     assert warm.report is not None and warm.report["restore"]["objects_rejected"] == 1
     warm.result.stdout.fnmatch_lines([f"*refused*{planted.name}*unsigned object*"])
@@ -95,3 +97,19 @@ def test_restored_but_unloadable_blames_the_load_not_the_settings(pytester: pyte
     warnings = run.megacache_warnings()
     assert len(warnings) == 1 and "torch did not load the restored artifacts" in warnings[0], warnings
     assert run.report is not None and not any("compiled only graphs" in note for note in run.report["notes"])
+
+
+def test_a_session_that_left_no_counters_fails_a_check_of_them(tmp_path: Path) -> None:
+    """torch's counters are the witness of hits and misses: where no process wrote them (a session that crashed
+    before its end, a conftest that did not run), a check of a count fails instead of reading zero."""
+    result = pytest.RunResult(3, ["INTERNALERROR> boom"], [], 0.1)
+    lost = Run(result, None, None, tmp_path)
+    for read in (lambda: lost.fx_misses, lambda: lost.aot_hits, lambda: lost.counters):
+        with pytest.raises(pytest.fail.Exception, match="no counters file"):
+            read()
+    idle = Run(result, {"modules": {"torch": True, "torch._dynamo": False}}, None, tmp_path)
+    assert idle.counters["modules"]["torch"] is True
+    with pytest.raises(pytest.fail.Exception, match="loaded torch's counters"):
+        _ = idle.fx_misses
+    compiled = Run(result, {"inductor": {"fxgraph_cache_hit": 2}, "aot_autograd": {}}, None, tmp_path)
+    assert (compiled.fx_hits, compiled.fx_misses, compiled.aot_misses) == (2, 0, 0)
