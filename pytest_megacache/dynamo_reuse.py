@@ -56,8 +56,8 @@ PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MOD
 # Guards on run-time state that no stored proof can stand for: a frame holding one is never stored.
 UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
-REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "missing_module",
-            "torch_error")
+REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "local_changed",
+            "missing_module", "torch_error")
 COUNTERS = ("dynamo_reused", "dynamo_traced", "dynamo_stored", *(f"dynamo_refused_{r}" for r in REFUSALS))
 _UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 
@@ -75,6 +75,7 @@ class _Reuse:
     def __init__(self, rootdir: str) -> None:
         self.rootdir = rootdir
         self.pending: dict[int, list[dict[str, Any]]] = {}
+        self.installing: Any = None  # the CompilePackage being installed
         self.reasons: dict[str, str] = {}
 
     def count(self, name: str, n: int = 1) -> None:
@@ -186,11 +187,11 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         proofs = []
         builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
         try:
-            scope = builder.scope["G"]
+            scope, local_scope = builder.scope["G"], builder.scope.get("L")
             for guard in sorted_guards:
                 kinds = {guard.create_fn_name(), *(tuple(guard.guard_types) if guard.guard_types else ())}
                 if kinds & PROVABLE_GUARDS:
-                    proof = prove(guard.name, builder.get(guard), scope)
+                    proof = prove(guard.name, builder.get(guard), scope, local_scope)
                     proofs.append(proof)
                     steps = proof["path"]
                     if builtins_name and steps[0] == ("global", builtins_name) and len(steps) > 1:
@@ -226,7 +227,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         if proofs is None:
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
         try:
-            check_proofs(proofs, runtime_global_scope)
+            check_proofs(proofs, runtime_global_scope, guards_state.output_graph.local_scope,
+                         functools.partial(_bind_global, state, runtime_global_scope))
         except Refused as exc:  # this compiled variant only: the entry's others may hold
             state.refuse(exc.reason, str(exc))
             return _UNPROVEN
@@ -300,6 +302,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         # whose graph was empty): such a frame, a resume function never reached when it was traced say, would then
         # run eagerly where a run without the option compiles it. Dynamo traces it as usual instead.
         eval_frame.skip_code = _no_skip
+        state.installing = self
         try:
             install_package(self, backends)
         except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
@@ -313,6 +316,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             return
         finally:
             eval_frame.skip_code = skip_code
+            state.installing = None
         state.count("dynamo_reused")
         _advance_unique_ids(bytecode_transformation, modules)
         _record_used(torch, cache, self)
@@ -395,6 +399,15 @@ def _key_without_backend_id() -> None:
             object.__setattr__(aot_config, "precompile_backend_id", backend_id)
 
     pickler._reduce_aot_config = reduce_aot_config
+
+
+def _bind_global(state: _Reuse, scope: dict[str, Any], name: str, value: Any) -> None:
+    """A global of the tracing process put back into the module whose entry is being installed, as the package's
+    own: uninstalling the entry removes it."""
+    pkg, module = state.installing, sys.modules.get(str(scope.get("__name__")))
+    if pkg is None or module is None or module.__dict__ is not scope:
+        raise Refused("global_changed", f"{name} cannot be bound outside an install")
+    pkg._install_global(module, name, value)
 
 
 def _no_skip(*_args: Any, **_kwargs: Any) -> None:
