@@ -99,6 +99,10 @@ def function_of(fn: Any) -> Any:
 _SIMPLE = (int, float, complex, str, bytes, bool, type(None))
 
 
+def _plain(value: object) -> bool:
+    return isinstance(value, _SIMPLE) or (isinstance(value, tuple) and all(isinstance(v, _SIMPLE) for v in value))
+
+
 def _member_text(value: object) -> str:
     """What a class member is, for the class's digest: code digests for what runs, values for plain constants, the
     kind alone for anything else (an object's repr may carry its address)."""
@@ -111,7 +115,7 @@ def _member_text(value: object) -> str:
         return f"function({code_digest(value.__code__)};{defaults};{len(value.__closure__ or ())})"
     if isinstance(value, type):
         return f"class({value.__module__}.{value.__qualname__})"
-    if isinstance(value, _SIMPLE) or (isinstance(value, tuple) and all(isinstance(v, _SIMPLE) for v in value)):
+    if _plain(value):
         return f"{type(value).__qualname__}:{value!r}"
     return f"instance({type(value).__module__}.{type(value).__qualname__})"
 
@@ -156,6 +160,8 @@ def _cells(fn: types.FunctionType, depth: int) -> str | None:
         except ValueError:  # an empty cell
             return None
         what = describe(content, depth + 1)
+        if what is None and _plain(content):
+            what = ["value", f"{type(content).__qualname__}:{content!r}"]
         if what is None:
             return None
         h.update(json.dumps(what).encode() + b"\0")
@@ -172,8 +178,8 @@ def describe(obj: Any, depth: int = 0) -> list[str] | None:
     if isinstance(obj, types.CodeType):
         return ["code", code_digest(obj)]
     if isinstance(obj, types.FunctionType):
-        if "<locals>" in obj.__qualname__:
-            return None
+        # A function made by another one (``<locals>``, a factory's product) is the same where its code and what its
+        # cells hold are; it has no name to be found again by (:func:`find` never finds it).
         what = ["function", str(obj.__module__), obj.__qualname__, code_digest(obj.__code__)]
         if obj.__closure__:  # a decorator's wrapper: what its cells hold must have names too
             cells = _cells(obj, depth)

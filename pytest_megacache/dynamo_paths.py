@@ -1,7 +1,8 @@
 """A guard's source as Dynamo names it, read as a path of steps from the frame's globals or locals (no torch
 imported): ``G['torch'].nn``, ``type(L['td'])``, ``L['td'].__class__``, ``dict(type(L['s']).__dict__)['p'].fget``,
-``type(L['s']).__mro__[1]``. :func:`parse_path` reads one, :func:`resolve` follows it (attribute and item lookups,
-``type()``, and ``dict()`` of a mapping only: nothing else runs), :func:`path_text` writes it back."""
+``type(L['s']).__mro__[1]``, ``list(dict.keys(G['handlers']))[0]``. :func:`parse_path` reads one, :func:`resolve`
+follows it (attribute and item lookups, ``type()``, and ``dict()`` or the keys of a mapping only: nothing else runs),
+:func:`path_text` writes it back."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ _ROOT = re.compile(r"(?P<scope>[GL])\[(?P<q>['\"])(?P<name>[A-Za-z_][A-Za-z0-9_]
 _ATTR = re.compile(r"\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)")
 _KEY = re.compile(r"\[(?P<q>['\"])(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?P=q)\]")
 _INDEX = re.compile(r"\[(?P<index>\d{1,4})\]")
-_CALLS = ("type", "dict")
+_CALLS = ("type", "dict", "list(dict.keys")
 _ROOTS = {"G": "global", "L": "local"}
 
 
@@ -38,9 +39,10 @@ def _parse(name: str, pos: int) -> tuple[list[Step], int] | None:
         if call is None:
             return None
         inner = _parse(name, pos + len(call) + 1)
-        if inner is None or not name.startswith(")", inner[1]):
+        closing = ")" * (1 + call.count("("))
+        if inner is None or not name.startswith(closing, inner[1]):
             return None
-        steps, pos = [*inner[0], (call, "")], inner[1] + 1
+        steps, pos = [*inner[0], ("keys" if call.startswith("list") else call, "")], inner[1] + len(closing)
     while pos < len(name):
         if (attr := _ATTR.match(name, pos)) is not None:
             steps.append(("attr", attr.group("attr")))
@@ -83,10 +85,10 @@ def step(obj: Any, kind: str, name: str) -> Any:
         return obj[int(name)]
     if kind == "type":
         return type(obj)
-    if kind == "dict":
+    if kind in ("dict", "keys"):
         if not isinstance(obj, (dict, types.MappingProxyType)):
-            raise TypeError(f"dict() of a {type(obj).__qualname__}")
-        return dict(obj)
+            raise TypeError(f"{kind}() of a {type(obj).__qualname__}")
+        return dict(obj) if kind == "dict" else list(obj.keys())
     raise TypeError(f"a step of kind {kind!r}")
 
 
@@ -99,6 +101,8 @@ def path_text(steps: list[Step]) -> str:
             text += f"[{name!r}]"
         elif kind == "index":
             text += f"[{name}]"
+        elif kind == "keys":
+            text = f"list(dict.keys({text}))"
         else:
             text = f"{kind}({text})"
     return text

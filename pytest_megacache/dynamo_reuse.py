@@ -57,7 +57,7 @@ PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MOD
 UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "local_changed",
-            "missing_module", "torch_error")
+            "missing_module", "side_effect", "torch_error")
 COUNTERS = ("dynamo_reused", "dynamo_traced", "dynamo_stored", *(f"dynamo_refused_{r}" for r in REFUSALS))
 _UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 
@@ -76,6 +76,7 @@ class _Reuse:
         self.rootdir = rootdir
         self.pending: dict[int, list[dict[str, Any]]] = {}
         self.installing: Any = None  # the CompilePackage being installed
+        self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
         self.reasons: dict[str, str] = {}
 
     def count(self, name: str, n: int = 1) -> None:
@@ -182,8 +183,16 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = UNPROVABLE_GUARDS
     serialize = CheckFunctionManager.serialize_guards
 
+    compile_id = torch._guards.CompileContext.current_compile_id
+    _watch_warnings(state, compile_id)
+
     @functools.wraps(serialize)
     def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
+        if str(compile_id()) in state.warned:
+            # What the trace did besides its output (a warning a test may expect) would not happen where the entry is
+            # installed instead of traced: such a frame is traced in every run.
+            state.refuse("side_effect", "a warning was shown while the frame was traced")
+            raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
         proofs = []
         builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
         try:
@@ -344,6 +353,29 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
 
     cache.write = write_each
+
+
+def _watch_warnings(state: _Reuse, compile_id: Any) -> None:
+    """Notes the compiles during which a warning is shown (the interpreter shows every warning through
+    ``warnings._showwarnmsg``, looked up at each warning; pytest's capture replaces what it calls, not it)."""
+    import warnings
+
+    show = getattr(warnings, "_showwarnmsg", None)
+    if show is None or getattr(show, "_megacache_watch", False):
+        return
+
+    @functools.wraps(show)
+    def showwarnmsg(msg: Any) -> Any:
+        try:
+            current = compile_id()
+            if current is not None:
+                state.warned.add(str(current))
+        except Exception:  # noqa: BLE001 - watching never changes a warning
+            pass
+        return show(msg)
+
+    showwarnmsg._megacache_watch = True  # type: ignore[attr-defined]
+    warnings._showwarnmsg = showwarnmsg  # type: ignore[attr-defined]
 
 
 def _autograd_cache() -> Any:

@@ -94,6 +94,7 @@ def test_an_entry_id_is_the_function_behind_a_bound_method() -> None:
       ("key", "p"), ("attr", "fget")]),
     ("type(G['x'].dataclasses.MISSING)", [("global", "x"), ("attr", "dataclasses"), ("attr", "MISSING"),
                                           ("type", "")]),
+    ("list(dict.keys(G['handlers']))[0]", [("global", "handlers"), ("keys", ""), ("index", "0")]),
     ("G['f'].__closure__[0].cell_contents", [("global", "f"), ("attr", "__closure__"), ("index", "0"),
                                               ("attr", "cell_contents")]),
     ("G['torch'].nn.functional.relu", [("global", "torch"), ("attr", "nn"), ("attr", "functional"),
@@ -143,8 +144,11 @@ def test_describe_names_what_another_process_can_find_again() -> None:
     assert dp.describe(math.sqrt) == ["builtin", "builtin_function_or_method", "math", "sqrt"]
     assert dp.describe(dict)[:3] == ["class", "builtins", "dict"]
     assert dp.describe(None) == ["const", "None"]
-    closure = _function("def outer():\n    k = 1\n    def f():\n        return k\n    return f\n", name="outer")()
-    assert dp.describe(closure) is None  # its cells are state no description carries
+    outer = _function("def outer(k):\n    def f():\n        return k\n    return f\n", name="outer")
+    assert dp.describe(outer(1)) == dp.describe(outer(1))  # a factory's product: its code and what its cells hold
+    assert dp.describe(outer(1)) != dp.describe(outer(2))
+    assert dp.describe(outer(object())) is None  # its cell holds state no description carries
+    assert dp.find(dp.describe(outer(1))) is None  # and it has no name to be found again by
     assert dp.describe("text".upper) is None  # bound to an instance
 
 
