@@ -25,7 +25,7 @@ from .dynamo_proof_globals import check_global, prove_global
 from .dynamo_proof_locals import check_local, prove_local
 
 __all__ = ["Refused", "check_proofs", "code_digest", "describe", "describe_member", "find", "function_of",
-           "pack_guards", "parse_path", "prove", "resolve", "source_id", "unpack_guards"]
+           "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "unpack_guards"]
 
 _MAGIC = b"megacache-guards-2\n"
 _ID_PREFIX = b"pytest-megacache dynamo entry 2\0"
@@ -68,11 +68,25 @@ def prove(name: str, obj: Any, scope: dict[str, Any], local_scope: dict[str, Any
     return prove_local(name, steps, obj, local_scope)
 
 
+def prove_class(name: str, cls: type) -> dict[str, Any]:
+    """The proof stored for a guard on the type of ``name`` (``TYPE_MATCH``): torch rebuilds it on the class its
+    module and qualname name at load, which must have the same definition (an edited or ``monkeypatch``-ed method
+    refuses it)."""
+    what = describe(cls)
+    if what is None or find(what) is not cls:
+        raise Refused("unsupported_guard", f"a guard on the type of {name}, {cls.__qualname__}, which has no name")
+    return {"class": what}
+
+
 def check_proofs(proofs: list[dict[str, Any]], scope: dict[str, Any], local_scope: dict[str, Any] | None = None,
                  bind: Callable[[str, Any], None] | None = None) -> None:
     """Raises :class:`Refused` unless every proof's path names an object described as stored: from the module's
     globals (``scope``; ``bind`` puts a global of the tracing process back) or the locals torch loaded."""
     for proof in proofs:
+        if "class" in proof:
+            if find([str(part) for part in proof["class"]]) is None:
+                raise Refused("class_changed", f"{'.'.join(proof['class'][1:3])} is not the class traced")
+            continue
         steps = [(str(kind), str(name)) for kind, name in proof["path"]]
         if rooted_at(steps) == "global":
             check_global(proof, steps, scope, bind)
@@ -94,7 +108,8 @@ def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], bytes]:
     start = len(_MAGIC) + 8
     size = int.from_bytes(data[len(_MAGIC):start], "big")
     proofs = json.loads(bytes(data[start:start + size]))
-    if not isinstance(proofs, list) or not all(isinstance(p, dict) and "path" in p and "is" in p for p in proofs):
+    if not isinstance(proofs, list) or not all(
+            isinstance(p, dict) and (("path" in p and "is" in p) or "class" in p) for p in proofs):
         raise Refused("unsupported_guard", "malformed proofs")
     return proofs, bytes(data[start + size:])
 

@@ -44,7 +44,17 @@ import re
 import sys
 from typing import Any
 
-from .dynamo_proofs import Refused, check_proofs, code_digest, function_of, pack_guards, prove, source_id, unpack_guards
+from .dynamo_proofs import (
+    Refused,
+    check_proofs,
+    code_digest,
+    function_of,
+    pack_guards,
+    prove,
+    prove_class,
+    source_id,
+    unpack_guards,
+)
 
 # Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
 # chain of code edits against eager): 2.11 on an H100 host, 2.13 and 2.14 on CPU. 2.12 and 2.15 have the same
@@ -57,7 +67,7 @@ PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MOD
 UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "local_changed",
-            "missing_module", "side_effect", "torch_error")
+            "class_changed", "missing_module", "side_effect", "torch_error")
 COUNTERS = ("dynamo_reused", "dynamo_traced", "dynamo_stored", *(f"dynamo_refused_{r}" for r in REFUSALS))
 _UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 
@@ -77,6 +87,10 @@ class _Reuse:
         self.pending: dict[int, list[dict[str, Any]]] = {}
         self.installing: Any = None  # the CompilePackage being installed
         self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
+        self.frame_code: Any = None  # the code of the frame whose guards are being built
+        # Frames (file, first line, name) of which a trace showed a warning: no entry holding one is written, though
+        # another variant of it was traced without (under other warning filters, say).
+        self.side_effects: set[tuple[str, int, str]] = set()
         self.reasons: dict[str, str] = {}
 
     def count(self, name: str, n: int = 1) -> None:
@@ -166,6 +180,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        state.frame_code = args[0] if args else kwargs.get("f_code")
         with config.patch(caching_precompile=False):
             init(self, *args, **kwargs)
         try:
@@ -192,13 +207,18 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             # What the trace did besides its output (a warning a test may expect) would not happen where the entry is
             # installed instead of traced: such a frame is traced in every run.
             state.refuse("side_effect", "a warning was shown while the frame was traced")
+            state.side_effects.add(_code_key(state.frame_code))
             raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
         proofs = []
+        classes: dict[int, tuple[str, type]] = {}
         builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
         try:
             scope, local_scope = builder.scope["G"], builder.scope.get("L")
             for guard in sorted_guards:
                 kinds = {guard.create_fn_name(), *(tuple(guard.guard_types) if guard.guard_types else ())}
+                if "TYPE_MATCH" in kinds:
+                    # torch stores the class by module and qualname: the class found so at load must be the same
+                    classes.setdefault(id(cls := type(builder.get(guard))), (guard.name, cls))
                 if kinds & PROVABLE_GUARDS:
                     proof = prove(guard.name, builder.get(guard), scope, local_scope)
                     proofs.append(proof)
@@ -207,14 +227,23 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
                         # torch stores only the builtins its BUILTIN_MATCH guards name; a proven identity guard
                         # on a builtin needs it in the stored scope too, where the guard is rebuilt on load
                         self.used_builtin_vars.add(steps[1][1])
+            proofs.extend(prove_class(name, cls) for name, cls in classes.values())
         except Refused as exc:
             state.refuse(exc.reason, str(exc))
             raise torch._dynamo.exc.PackageError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a proof that cannot be built: this frame is not stored
+            state.refuse("unsupported_guard", f"{type(exc).__name__}: {exc}")
+            raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         try:
             data = serialize(self, builder, sorted_guards, output_graph)
         except torch._dynamo.exc.PackageError as exc:
             state.refuse(_reason_of(exc.__cause__) if exc.__cause__ else "unsupported_guard", str(exc))
             raise
+        except Exception as exc:  # noqa: BLE001 - e.g. TypeError for the type of a local defined in local scope
+            # torch raises these past its own bypass, which would fail the test: this frame is not stored instead
+            reason = "unsupported_guard" if isinstance(exc, TypeError) else _reason_of(exc)
+            state.refuse(reason, f"{type(exc).__name__}: {exc}")
+            raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         state.count("dynamo_stored")
         return pack_guards(proofs, data)
 
@@ -348,6 +377,9 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     def write_each(entry: Any, path: str) -> None:
         try:
+            if state.side_effects and any(_code_key(code.python_code) in state.side_effects
+                                          for code in entry.dynamo.codes):
+                return
             write(entry, path)
         except Exception as exc:  # noqa: BLE001
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
@@ -355,27 +387,35 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     cache.write = write_each
 
 
+def _code_key(code: Any) -> tuple[str, int, str]:
+    """A code object (or torch's serialized form of one) by file, first line and name."""
+    return (str(getattr(code, "co_filename", "")), int(getattr(code, "co_firstlineno", 0)),
+            str(getattr(code, "co_name", "")))
+
+
 def _watch_warnings(state: _Reuse, compile_id: Any) -> None:
-    """Notes the compiles during which a warning is shown (the interpreter shows every warning through
-    ``warnings._showwarnmsg``, looked up at each warning; pytest's capture replaces what it calls, not it)."""
+    """Notes the compiles during which a warning is shown: the interpreter shows every warning through
+    ``warnings._showwarnmsg``, looked up at each warning (pytest's capture replaces what it calls, not it). Nothing
+    traced calls it: Dynamo sees the same ``warnings.warn`` as without this."""
     import warnings
 
-    show = getattr(warnings, "_showwarnmsg", None)
-    if show is None or getattr(show, "_megacache_watch", False):
-        return
-
-    @functools.wraps(show)
-    def showwarnmsg(msg: Any) -> Any:
+    def note(*_args: Any, **_kwargs: Any) -> None:
         try:
             current = compile_id()
             if current is not None:
                 state.warned.add(str(current))
         except Exception:  # noqa: BLE001 - watching never changes a warning
             pass
-        return show(msg)
 
-    showwarnmsg._megacache_watch = True  # type: ignore[attr-defined]
-    warnings._showwarnmsg = showwarnmsg  # type: ignore[attr-defined]
+    show = getattr(warnings, "_showwarnmsg", None)
+    if show is not None and not getattr(show, "_megacache_watch", False):
+        @functools.wraps(show)
+        def showwarnmsg(msg: Any) -> Any:
+            note()
+            return show(msg)
+
+        showwarnmsg._megacache_watch = True  # type: ignore[attr-defined]
+        warnings._showwarnmsg = showwarnmsg  # type: ignore[attr-defined]
 
 
 def _autograd_cache() -> Any:
