@@ -29,7 +29,10 @@ records), never torch, pytest or boto3; the exit handler reads ``torch._dynamo.u
 imported.
 
 A record holds counters and harmless identity only: pid, parent pid, and ``RANK`` / ``LOCAL_RANK`` /
-``WORLD_SIZE`` when each is a small non-negative integer. Never argv, and no other environment value.
+``WORLD_SIZE`` when each is a small non-negative integer; torch's CPU vector-ISA load checks the child ran and took
+from a record (:mod:`.isaprobe`, when the child armed it) and the seconds in them; the largest of torch's own compile
+timings by name (``torch._dynamo.utils.compilation_time_metrics``: they nest). Never argv, and no other
+environment value.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ __all__ = [
     "read_spool",
 ]
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 MAX_RECORD_BYTES = 16 * 1024  # a record is about 600 bytes
 MAX_FILES = 1000  # records read per spool; more are counted, not read
 MAX_LISTED = 100_000  # directory entries looked at per spool
@@ -78,8 +81,12 @@ COMPILE_METRIC = "_compile.compile_inner"
 RANK_ENV = (("rank", "RANK"), ("local_rank", "LOCAL_RANK"), ("world_size", "WORLD_SIZE"))
 TEMP_PREFIX = "."  # a record being written: ".<pid>-<hex>.json.<pid>-<hex>.tmp" (fsutil.write_atomic), never read
 RECORD_SUFFIX = ".json"
-_INT_FIELDS = ("pid", "ppid", "compiles", "graphs")
-_KEYS = frozenset({"v", "compiled", "compile_seconds", "counters", *_INT_FIELDS, *(key for key, _ in RANK_ENV)})
+MAX_PHASES = 12  # torch's compile timings kept per record, the largest first
+PHASE_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.<>")
+_INT_FIELDS = ("pid", "ppid", "compiles", "graphs", "isa_run", "isa_reused")
+_SECONDS_FIELDS = ("compile_seconds", "isa_seconds")
+_KEYS = frozenset({"v", "compiled", "counters", "phases", *_INT_FIELDS, *_SECONDS_FIELDS,
+                   *(key for key, _ in RANK_ENV)})
 
 _armed = False  # bootstrap() registered exit_handler
 _disarmed = False
@@ -158,20 +165,51 @@ def collect() -> dict[str, Any] | None:
     timings = metrics.get(COMPILE_METRIC) if isinstance(metrics, dict) else None
     if isinstance(timings, list):
         compiles = _clamp_count(len(timings))
-        total = 0.0
-        for t in timings[:1_000_000]:
-            if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0:
-                total += float(t)
-        seconds = round(min(total, MAX_SECONDS), 6)
+        seconds = _seconds(timings)
     if not (graphs or compiles or any(counters.values())):
         return None
+    isa_run, isa_reused, isa_seconds = _isa_checks()
     record: dict[str, Any] = {
         "v": RECORD_VERSION, "compiled": True, "compiles": compiles, "graphs": graphs,
-        "compile_seconds": seconds, "counters": counters,
+        "compile_seconds": seconds, "counters": counters, "isa_run": isa_run, "isa_reused": isa_reused,
+        "isa_seconds": isa_seconds, "phases": _phases(metrics),
     }
     for key, env in RANK_ENV:
         record[key] = _small_int(os.environ.get(env))
     return record
+
+
+def _seconds(timings: list[Any]) -> float:
+    total = 0.0
+    for t in timings[:1_000_000]:
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0:
+            total += float(t)
+    return round(min(total, MAX_SECONDS), 6)
+
+
+def _phases(metrics: Any) -> dict[str, float]:
+    """The :data:`MAX_PHASES` largest of torch's compile timings, summed per name (names of torch's own code)."""
+    if not isinstance(metrics, dict):
+        return {}
+    sums = [(_seconds(v), k) for k, v in list(metrics.items())[:10_000]
+            if isinstance(k, str) and _phase_name(k) and isinstance(v, list)]
+    sums.sort(key=lambda pair: (-pair[0], pair[1]))
+    return {name: total for total, name in sums[:MAX_PHASES] if total > 0}
+
+
+def _phase_name(name: str) -> bool:
+    return 0 < len(name) <= 80 and all(c in PHASE_NAME for c in name)
+
+
+def _isa_checks() -> tuple[int, int, float]:
+    """torch's vector-ISA checks this process ran and took from a record, and their seconds: read from
+    :mod:`.isaprobe` only when the process armed it (imported); zeros otherwise."""
+    probe = sys.modules.get(__package__ + ".isaprobe") if __package__ else None
+    if probe is None:
+        return 0, 0, 0.0
+    counts = probe.counts()
+    return (_clamp_count(counts.get("run", 0)), _clamp_count(counts.get("reused", 0)),
+            round(min(max(float(probe.check_seconds()), 0.0), MAX_SECONDS), 6))
 
 
 def _group(raw: Any, group: str) -> Mapping[str, Any] | None:
@@ -216,6 +254,10 @@ class ChildRecord:
     graphs: int  # FX graphs Dynamo produced (torch's counters["stats"]["unique_graphs"])
     compile_seconds: float  # in those compiles (same window as compiles)
     counters: dict[str, int] = field(hash=False)  # every name of torch_adapter.COUNTER_NAMES (0 if absent)
+    isa_run: int = 0  # torch's CPU vector-ISA load checks run in this child
+    isa_reused: int = 0  # ... taken from a record instead (isaprobe)
+    isa_seconds: float = 0.0  # in those checks, run or taken
+    phases: dict[str, float] = field(default_factory=dict, hash=False)  # torch's largest compile timings by name
 
     def label(self) -> str:
         """A short name for the report: ``pid 123`` or ``rank 1 (pid 123)``."""
@@ -225,7 +267,9 @@ class ChildRecord:
         """The child's entry in the session report (``torch.children``)."""
         return {"label": self.label(), "pid": self.pid, "ppid": self.ppid, "rank": self.rank,
                 "local_rank": self.local_rank, "world_size": self.world_size, "compiles": self.compiles,
-                "graphs": self.graphs, "compile_seconds": self.compile_seconds, "counters": dict(self.counters)}
+                "graphs": self.graphs, "compile_seconds": self.compile_seconds, "counters": dict(self.counters),
+                "isa_checks": {"run": self.isa_run, "reused": self.isa_reused, "seconds": self.isa_seconds},
+                "phases": dict(self.phases)}
 
 
 class _Reject(Exception):
@@ -410,9 +454,11 @@ def _parse(name: str, data: bytes, known: frozenset[str]) -> ChildRecord:
     ranks = {key: None if doc[key] is None else _int(doc[key], key, MAX_RANK) for key, _ in RANK_ENV}
     if type(doc["compiled"]) is not bool:
         raise _Reject("compiled is not true or false")
-    seconds = doc["compile_seconds"]
-    if type(seconds) not in (int, float) or not math.isfinite(seconds) or not 0 <= seconds <= MAX_SECONDS:
-        raise _Reject(f"compile_seconds is not a number from 0 to {MAX_SECONDS:g}")
+    seconds = {key: _number(doc[key], key) for key in _SECONDS_FIELDS}
+    phases = doc["phases"]
+    if not isinstance(phases, dict) or len(phases) > MAX_PHASES or not all(map(_phase_name, phases)):
+        raise _Reject(f"phases is not an object of at most {MAX_PHASES} timings by name")
+    phases = {name: _number(value, "a phase") for name, value in phases.items()}
     raw = doc["counters"]
     if not isinstance(raw, dict):
         raise _Reject("counters is not an object")
@@ -422,8 +468,15 @@ def _parse(name: str, data: bytes, known: frozenset[str]) -> ChildRecord:
     return ChildRecord(
         file=name, pid=ints["pid"], ppid=ints["ppid"], rank=ranks["rank"], local_rank=ranks["local_rank"],
         world_size=ranks["world_size"], compiled=doc["compiled"], compiles=ints["compiles"], graphs=ints["graphs"],
-        compile_seconds=float(seconds), counters=counters,
+        compile_seconds=seconds["compile_seconds"], counters=counters, isa_run=ints["isa_run"],
+        isa_reused=ints["isa_reused"], isa_seconds=seconds["isa_seconds"], phases=phases,
     )
+
+
+def _number(value: Any, what: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
+        raise _Reject(f"{what} is not a number from 0 to {MAX_SECONDS:g}")
+    return float(value)
 
 
 def _int(value: Any, what: str, limit: int) -> int:

@@ -6,15 +6,19 @@ it, the line imports this module and calls :func:`start`, which
 
 * registers an exit handler that, at a normal exit of a process that loaded ``torch._dynamo.utils``, imports
   :mod:`.childhook` and calls its ``exit_handler`` (one record of torch's counters into the spool);
-* when :data:`READY_ENV` is set too and torch is not imported yet, puts :class:`MegacacheRestoreWait` at the front
-  of ``sys.meta_path``: the process's first ``import torch`` asks the parent for the restore (a file named
-  :data:`READY_ENV` + :data:`WANTED_SUFFIX`) and waits until the file :data:`READY_ENV` exists, at most
-  :data:`WAIT_ENV` seconds and never more than :data:`MAX_CHILD_WAIT`. The finder removes itself first and finds
-  nothing: torch is then imported as usual. A process that never imports torch never waits.
+* when :data:`READY_ENV` or :data:`ISA_ENV` is set too and torch is not imported yet, puts
+  :class:`MegacacheRestoreWait` at the front of ``sys.meta_path``. At the process's first ``import torch`` the
+  finder removes itself first, then, with :data:`ISA_ENV`, arms the reuse of torch's CPU vector-ISA check
+  (:func:`.isaprobe.arm_child`: a hook for torch's ``cpu_vec_isa``, gated on this process deciding the check as the
+  session does), and, with :data:`READY_ENV`, asks the parent for the restore (a file named :data:`READY_ENV` +
+  :data:`WANTED_SUFFIX`) and waits until the file :data:`READY_ENV` exists, at most :data:`WAIT_ENV` seconds and
+  never more than :data:`MAX_CHILD_WAIT`. It finds nothing: torch is then imported as usual. A process that never
+  imports torch never waits and imports nothing more.
 
 This runs in every child process of a session, most of which never import torch: the module, and the package's
 ``__init__`` that importing it runs first, import only ``os``, ``sys`` and ``atexit`` (already loaded, or built in)
-at start, and ``time`` when the wait begins. No ``typing``, no ``__future__``. No exception leaves :func:`start`, the
+at start, ``time`` when the wait begins, and :mod:`.isaprobe` (with the standard library modules torch imports
+anyway) when torch is being imported. No ``typing``, no ``__future__``. No exception leaves :func:`start`, the
 exit handler or the finder (a traceback in someone else's stderr, or a SystemExit taken for theirs); the line
 itself swallows a failed import of the package.
 """
@@ -29,7 +33,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 __all__ = [
-    "MAX_CHILD_WAIT", "PTH_LINE", "READY_ENV", "SPOOL_ENV", "WAIT_ENV", "WANTED_SUFFIX", "MegacacheRestoreWait",
+    "ISA_ENV", "MAX_CHILD_WAIT", "PTH_LINE", "READY_ENV", "SPOOL_ENV", "WAIT_ENV", "WANTED_SUFFIX", "MegacacheRestoreWait",
     "start",
 ]
 
@@ -42,6 +46,8 @@ SPOOL_ENV = "MEGACACHE_CHILD_SPOOL"
 READY_ENV = "MEGACACHE_RESTORE_READY"
 WAIT_ENV = "MEGACACHE_RESTORE_WAIT"
 WANTED_SUFFIX = ".wanted"
+# Set by a session that reuses torch's CPU vector-ISA check (isaprobe.CHILD_ENV): the digest of what decides it there.
+ISA_ENV = "MEGACACHE_ISA_REUSE"
 MAX_CHILD_WAIT = 900  # seconds: the longest any child waits, whatever the variable says
 POLL = 0.02  # seconds between looks at the ready file
 
@@ -56,8 +62,9 @@ _started = False
 
 
 def start() -> None:
-    """Arm this process if :data:`SPOOL_ENV` is set: the exit handler, and the restore wait when :data:`READY_ENV`
-    is set and torch is not imported yet. Once per process; never raises."""
+    """Arm this process if :data:`SPOOL_ENV` is set: the exit handler, and the finder for the first ``import torch``
+    when :data:`READY_ENV` or :data:`ISA_ENV` is set and torch is not imported yet. Once per process; never
+    raises."""
     global _started
     try:
         spool = os.environ.get(SPOOL_ENV)
@@ -67,7 +74,7 @@ def start() -> None:
         # pid, parent pid and spool as they are now: a forked child (another pid) writes nothing, and a process
         # that points the variable elsewhere for its own children still writes into its own spool.
         atexit.register(_at_exit, os.getpid(), os.getppid(), spool)
-        if os.environ.get(READY_ENV) and "torch" not in sys.modules and not _waiting():
+        if (os.environ.get(READY_ENV) or os.environ.get(ISA_ENV)) and "torch" not in sys.modules and not _waiting():
             sys.meta_path.insert(0, MegacacheRestoreWait)
     except Exception:  # noqa: BLE001 - arming must never fail the process
         pass
@@ -96,7 +103,8 @@ def _waiting() -> bool:
 
 class MegacacheRestoreWait:
     """A meta-path finder that finds nothing: at the first ``import torch`` it takes itself off ``sys.meta_path``,
-    asks the parent for the restore and waits until it has settled (bounded); then the usual finders find torch."""
+    arms the vector-ISA check's reuse (:data:`ISA_ENV`), asks the parent for the restore and waits until it has
+    settled (bounded, :data:`READY_ENV`); then the usual finders find torch."""
 
     @staticmethod
     def find_spec(name: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None) -> None:
@@ -104,8 +112,20 @@ class MegacacheRestoreWait:
             return
         try:
             sys.meta_path[:] = [f for f in sys.meta_path if not _is_wait(f)]
-            _wait_for_restore()
         except BaseException:  # noqa: BLE001 - the import of torch goes on, whatever happens here
+            pass
+        try:
+            offered = os.environ.get(ISA_ENV)
+            if offered:
+                from .isaprobe import arm_child
+
+                arm_child(offered)
+        except BaseException:  # noqa: BLE001
+            pass
+        try:
+            if os.environ.get(READY_ENV):
+                _wait_for_restore()
+        except BaseException:  # noqa: BLE001
             pass
 
 

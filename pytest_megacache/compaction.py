@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from . import bundle as bundlemod
 from .bundle import Entries, Limits
 from .deadline import Deadline, bounded, bounded_map
+from .entries import NEWEST_WINS
 from .errors import StoreError
 from .layout import valid_object_name
 from .report import UploadStats
@@ -122,8 +123,9 @@ def units(objects: Sequence[Held], now: float | None = None) -> tuple[list[Held]
 
 def _covers(big: Held, small: Held) -> bool:
     """Whether ``small`` may be deleted because ``big`` is stored: ``big`` holds an entry of every ``(kind, name)``
-    that ``small`` does and, with the same ones, is the newer; for a profile (mutable) that differs, ``big`` is
-    the newer too (a restore takes the newest object's). A strict order: no two objects cover each other."""
+    that ``small`` does and, with the same ones, is the newer; for a profile or a Dynamo entry that differs
+    (:data:`.entries.NEWEST_WINS`), ``big`` is the newer too (a restore takes the newest object's). A strict
+    order: no two objects cover each other."""
     if small.name == big.name or len(small.entries) > len(big.entries):
         return False
     newer = big.rank > small.rank
@@ -131,7 +133,7 @@ def _covers(big: Held, small: Held) -> bool:
         return False
     for entry in small.entries:
         other = big.entries.get(entry.ident)
-        if other is None or (entry.kind in bundlemod.MUTABLE_KINDS and other.data != entry.data and not newer):
+        if other is None or (entry.kind in NEWEST_WINS and other.data != entry.data and not newer):
             return False
     return True
 

@@ -44,6 +44,7 @@ import re
 import sys
 from typing import Any
 
+from .dynamo_effects import code_key, failed_load_contained, watch_warnings
 from .dynamo_proofs import (
     Refused,
     check_proofs,
@@ -67,7 +68,7 @@ PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MOD
 UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "local_changed",
-            "class_changed", "missing_module", "side_effect", "torch_error")
+            "class_changed", "missing_module", "side_effect", "torch_error", "load_failed")
 COUNTERS = ("dynamo_reused", "dynamo_traced", "dynamo_stored", *(f"dynamo_refused_{r}" for r in REFUSALS))
 _UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 
@@ -199,7 +200,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     serialize = CheckFunctionManager.serialize_guards
 
     compile_id = torch._guards.CompileContext.current_compile_id
-    _watch_warnings(state, compile_id)
+    watch_warnings(state, compile_id)
 
     @functools.wraps(serialize)
     def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
@@ -207,7 +208,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             # What the trace did besides its output (a warning a test may expect) would not happen where the entry is
             # installed instead of traced: such a frame is traced in every run.
             state.refuse("side_effect", "a warning was shown while the frame was traced")
-            state.side_effects.add(_code_key(state.frame_code))
+            state.side_effects.add(code_key(state.frame_code))
             raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
         proofs = []
         classes: dict[int, tuple[str, type]] = {}
@@ -288,7 +289,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     def checked_load(fn: Any) -> Any:
         try:
-            result = load(fn)
+            with failed_load_contained(state):
+                result = load(fn)
         except Exception as exc:  # noqa: BLE001
             state.refuse_error(exc)
             return None
@@ -377,7 +379,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     def write_each(entry: Any, path: str) -> None:
         try:
-            if state.side_effects and any(_code_key(code.python_code) in state.side_effects
+            if state.side_effects and any(code_key(code.python_code) in state.side_effects
                                           for code in entry.dynamo.codes):
                 return
             write(entry, path)
@@ -385,37 +387,6 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
 
     cache.write = write_each
-
-
-def _code_key(code: Any) -> tuple[str, int, str]:
-    """A code object (or torch's serialized form of one) by file, first line and name."""
-    return (str(getattr(code, "co_filename", "")), int(getattr(code, "co_firstlineno", 0)),
-            str(getattr(code, "co_name", "")))
-
-
-def _watch_warnings(state: _Reuse, compile_id: Any) -> None:
-    """Notes the compiles during which a warning is shown: the interpreter shows every warning through
-    ``warnings._showwarnmsg``, looked up at each warning (pytest's capture replaces what it calls, not it). Nothing
-    traced calls it: Dynamo sees the same ``warnings.warn`` as without this."""
-    import warnings
-
-    def note(*_args: Any, **_kwargs: Any) -> None:
-        try:
-            current = compile_id()
-            if current is not None:
-                state.warned.add(str(current))
-        except Exception:  # noqa: BLE001 - watching never changes a warning
-            pass
-
-    show = getattr(warnings, "_showwarnmsg", None)
-    if show is not None and not getattr(show, "_megacache_watch", False):
-        @functools.wraps(show)
-        def showwarnmsg(msg: Any) -> Any:
-            note()
-            return show(msg)
-
-        showwarnmsg._megacache_watch = True  # type: ignore[attr-defined]
-        warnings._showwarnmsg = showwarnmsg  # type: ignore[attr-defined]
 
 
 def _autograd_cache() -> Any:

@@ -23,6 +23,10 @@ FILE_PREFIX = "file/"
 FILE_ROOTS = frozenset({"inductor", "pch", "triton"})
 # Artifacts that change under the same key (a dynamic-shape profile grows): the newest copy wins.
 MUTABLE_KINDS = frozenset({TORCH_PREFIX + "pgo"})
+# Dynamo's stored entries: traced again under the same key where the stored one was refused (torch failed to load
+# it, or a check refused it), the fresh trace replaces it: the newest copy wins too (they are not merged as profiles).
+PRECOMPILE_KIND = TORCH_PREFIX + "precompile"
+NEWEST_WINS = MUTABLE_KINDS | {PRECOMPILE_KIND}
 
 _PATH_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254}")
 _MAX_PATH_PARTS = 16
@@ -163,10 +167,11 @@ class Entries:
         return sum(self.add(e) for e in items)
 
     def merge(self, items: Iterable[Entry]) -> None:
-        """Add ``items`` as :meth:`update` does, except that a mutable kind's entry (a dynamic-shape
-        profile) replaces the one present: merge older sources first and the newest copy wins."""
+        """Add ``items`` as :meth:`update` does, except that an entry of a kind whose newest copy wins (a
+        dynamic-shape profile, a Dynamo entry: :data:`NEWEST_WINS`) replaces the one present: merge older sources
+        first and the newest copy wins."""
         for entry in items:
-            if entry.kind in MUTABLE_KINDS:
+            if entry.kind in NEWEST_WINS:
                 self._items[entry.ident] = entry
             else:
                 self.add(entry)
@@ -192,12 +197,13 @@ class Entries:
         return self._items.get(ident)
 
     def minus(self, idents: Iterable[tuple[str, str]] | Entries) -> Entries:
-        """The entries not in ``idents``. Against another :class:`Entries`, a mutable kind's entry whose
-        data changed under its ident counts as new too (a grown profile must be uploaded)."""
+        """The entries not in ``idents``. Against another :class:`Entries`, an entry of a kind whose newest copy
+        wins (:data:`NEWEST_WINS`) whose data changed under its ident counts as new too (a grown profile, a Dynamo
+        entry traced again where the stored one was refused, must be uploaded)."""
         if isinstance(idents, Entries):
             other = idents._items
             return Entries(e for e in self if e.ident not in other
-                           or (e.kind in MUTABLE_KINDS and other[e.ident].data != e.data))
+                           or (e.kind in NEWEST_WINS and other[e.ident].data != e.data))
         known = set(idents)
         return Entries(e for e in self if e.ident not in known)
 

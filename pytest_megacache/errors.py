@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Mapping
 
 from .envpolicy import SECRET_ENV, secret_values
 
-__all__ = ["SECRET_ENV", "BundleError", "MegacacheError", "MegacacheWarning", "StoreError", "redact", "redact_cut"]
+__all__ = ["SECRET_ENV", "BundleError", "LocalDiskError", "MegacacheError", "MegacacheWarning", "StoreError", "disk_of",
+           "free_bytes", "redact", "redact_cut"]
 
 # scheme://userinfo@ : the userinfo runs to the authority's last '@', so a password holding '@' is masked whole.
 _URL_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://)[^\s/]*@")
@@ -56,3 +58,61 @@ class StoreError(Exception):
     def __init__(self, message: str, kind: str = "other") -> None:
         super().__init__(message)
         self.kind = kind
+
+
+_DISK_STATE = {errno.ENOSPC: "full", errno.EDQUOT: "over quota", errno.EROFS: "read-only",
+               errno.EFBIG: "over the file size limit"}
+
+
+def free_bytes(path: str) -> int | None:
+    """The bytes free to this user on the file system of ``path`` (or of its nearest existing parent); None if
+    unknown."""
+    probe = os.path.abspath(path)
+    for _ in range(64):
+        try:
+            st = os.statvfs(probe)
+        except FileNotFoundError:
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return None
+            probe = parent
+            continue
+        except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+            return None
+        return st.f_bavail * st.f_frsize
+    return None
+
+
+def disk_of(path: str, code: int | None) -> str:
+    """``TMPDIR full (12 MB free)``, ``the disk of /cache read-only (0 MB free)``: which local disk refused a write
+    to ``path``, in what state."""
+    import tempfile
+
+    tmp = os.path.realpath(tempfile.gettempdir())
+    real = os.path.realpath(path)
+    where = "TMPDIR" if real == tmp or real.startswith(tmp.rstrip(os.sep) + os.sep) else f"the disk of {os.path.dirname(path)}"
+    free = free_bytes(path)
+    room = f" ({free / 1e6:.0f} MB free)" if free is not None else ""
+    return f"{where} {_DISK_STATE.get(code or 0, 'refused a write')}{room}"
+
+
+class LocalDiskError(OSError):
+    """A local disk refused a write (full, over quota, read-only, a size limit): this machine's fault, never the
+    store's. ``str()``: ``TMPDIR full (12 MB free): <what> at <path>: <reason>``; ``disk``: its first part."""
+
+    def __init__(self, message: str, code: int | None, disk: str, reason: str = "") -> None:
+        super().__init__(code, message)
+        self.message = message
+        self.disk = disk
+        self.reason = reason or message  # what the system said ("No space left on device")
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def of(cls, exc: OSError, path: str, what: str) -> LocalDiskError:
+        if isinstance(exc, LocalDiskError):
+            return exc
+        disk = disk_of(path, exc.errno)
+        reason = str(exc.strerror or exc)
+        return cls(f"{disk}: {what} at {path}: {reason}", exc.errno, disk, reason)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 try:
     import fcntl
@@ -29,8 +29,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 from .bundle import FILE_PREFIX, Entries, Entry, validate_file_path
-from .errors import BundleError
-from .fsutil import copy_regular, read_regular, write_atomic
+from .errors import BundleError, LocalDiskError
+from .fsutil import copy_regular, read_regular, stray, temp_owner, write_atomic
 
 # What must not travel (locks, temp files, the precompiled header, Inductor's copy of Triton kernels that
 # travel inside FX-graph entries, dynamic-shape profiles). (Inductor's "triton" folder here is its own; a
@@ -224,14 +224,53 @@ def _entry_of(kind: str, rel: str, mode: int, scratch_dir: str | None, path: Pat
     """The file at ``path`` as an entry: read into memory, or copied into ``scratch_dir`` (a chunk at a time)."""
     if scratch_dir is None:
         return Entry(kind, rel, read_regular(path, MAX_FILE_BYTES), mode)
-    fd, copy = tempfile.mkstemp(dir=scratch_dir, suffix=".entry")
     try:
-        with os.fdopen(fd, "wb") as dest:
-            size = copy_regular(path, MAX_FILE_BYTES, dest)
+        fd, copy = tempfile.mkstemp(dir=scratch_dir, suffix=".entry")
+    except OSError as exc:
+        raise LocalDiskError.of(exc, scratch_dir, f"copying {rel}") from exc
+    dest: _Written | None = None
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            dest = _Written(raw)
+            size = copy_regular(path, MAX_FILE_BYTES, dest)  # type: ignore[arg-type]
+    except OSError as exc:
+        os.unlink(copy)
+        if dest is None or dest.failed is not None or exc.errno in _DISK_FULL:  # the copy's write (or its close)
+            raise LocalDiskError.of(exc, copy, f"copying {rel}") from exc
+        raise
     except BaseException:
         os.unlink(copy)
         raise
     return Entry.in_file(kind, rel, copy, size, mode)
+
+
+class Skipped(str):
+    """A file left out of an upload: ``"<path>: <why>"``, with its ``size`` in bytes (0 when unknown) and whether the
+    local disk refused it (``local``: the scratch directory full, say)."""
+
+    size: int = 0
+    local: str | None = None
+
+    @classmethod
+    def of(cls, text: str, size: int = 0, local: str | None = None) -> Skipped:
+        out = cls(text)
+        out.size, out.local = size, local
+        return out
+
+
+class _Written:
+    """A file being written that remembers whether a write failed (the local disk, not the file read)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.failed: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.raw.write(data)
+        except OSError as exc:
+            self.failed = exc
+            raise
 
 
 @dataclass(frozen=True)
@@ -291,30 +330,59 @@ class FileRoot:
             try:
                 validate_file_path(rel)
             except BundleError:
-                skipped.append(f"{rel}: name not portable")
+                skipped.append(Skipped.of(f"{rel}: name not portable"))
                 continue
             path = self.path / rel
+            size = 0
             try:
                 st = path.lstat()
+                size = st.st_size
                 if not path.is_file() or path.is_symlink():
                     continue
                 if st.st_size > MAX_FILE_BYTES:
-                    skipped.append(f"{rel}: {st.st_size} bytes")
+                    skipped.append(Skipped.of(f"{rel}: {st.st_size} bytes", size))
                     continue
                 mode = 0o755 if st.st_mode & 0o111 else 0o644
                 entry = _read_under_torch_lock(self.path, rel, max(0.0, deadline - time.monotonic()),
                                                partial(_entry_of, self.kind, rel, mode, scratch_dir))
+            except LocalDiskError as exc:
+                skipped.append(Skipped.of(f"{rel}: {exc.reason}", size, str(exc)))
+                continue
             except OSError as exc:
-                skipped.append(f"{rel}: {exc.strerror or exc}")
+                skipped.append(Skipped.of(f"{rel}: {exc.strerror or exc}", size))
                 continue
             if entry is None:
-                skipped.append(f"{rel}: still being built by another process after {lock_wait:g} s")
+                skipped.append(Skipped.of(f"{rel}: still being built by another process after {lock_wait:g} s", size))
                 continue
             if problem := self.problem(entry):
-                skipped.append(f"{rel}: {problem}")
+                skipped.append(Skipped.of(f"{rel}: {problem}", size))
                 continue
             entries.add(entry)
         return entries, skipped
+
+    def sweep_strays(self, now: float | None = None) -> tuple[int, int]:
+        """Remove the temporary files that writers which are gone left in this directory (a session killed while it
+        restored: :func:`.fsutil.stray`); return how many and their bytes."""
+        now = time.time() if now is None else now
+        removed = size = 0
+        if not self.path.is_dir():
+            return 0, 0
+        for dirpath, dirnames, filenames in os.walk(self.path):
+            if dirpath == str(self.path):  # nothing of the restore's is written there (see snapshot)
+                dirnames[:] = [d for d in dirnames if d not in EXCLUDED_TOP]
+            for name in filenames:
+                if temp_owner(name) is None:
+                    continue
+                path = os.path.join(dirpath, name)
+                if stray(path, now):
+                    try:
+                        length = os.lstat(path).st_size
+                        os.unlink(path)
+                    except OSError:
+                        continue
+                    removed += 1
+                    size += length
+        return removed, size
 
     def restore(self, entries: Iterable[Entry], refused: list[str] | None = None) -> tuple[int, int]:
         """Write this root's entries that are not there yet. Returns (written, already present).
@@ -364,4 +432,4 @@ class FileRoot:
         if os.path.lexists(target):
             return False
         # Never over a name that appeared meanwhile (a concurrent writer's file stays).
-        return write_atomic(target, entry.chunks(), mode=entry.mode & 0o755, replace=False)
+        return write_atomic(target, entry.chunks(), mode=entry.mode & 0o755, replace=False, lock=True)

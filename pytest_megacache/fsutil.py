@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
     from typing import BinaryIO
 
-__all__ = ["Refused", "TooLarge", "copy_regular", "read_regular", "write_atomic"]
+__all__ = ["Refused", "TooLarge", "copy_regular", "read_regular", "stray", "temp_owner", "write_atomic"]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -115,13 +115,15 @@ def copy_regular(path: str | os.PathLike[str], max_bytes: int, dest: BinaryIO) -
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | BinaryIO | Iterator[bytes], *, mode: int | None = None,
-                 replace: bool = True, fsync: bool = False) -> bool:
+                 replace: bool = True, fsync: bool = False, lock: bool = False) -> bool:
     """Write ``data`` (bytes, chunks of bytes, or a binary file read to its end a chunk at a time) as the file
     ``path``, whole or not at all; True when written.
 
     ``mode``: the file's permission bits, exactly (the umask does not apply; the file is private until then), or
     None for what ``open()`` creates (0o666 less the umask). ``replace=False``: leave an existing ``path`` (even a
-    dangling link) as it is and return False. ``fsync``: flush the data to disk before the rename. The directory
+    dangling link) as it is and return False. ``fsync``: flush the data to disk before the rename. ``lock``: hold an
+    ``flock`` on the temporary file while it is written, so that :func:`stray` tells it from one a killed writer left
+    (:func:`stray` also waits for a file's first seconds, before the lock is taken). The directory
     must exist. Raises ``OSError`` (a full disk, no permission); whatever is raised, even a ``BaseException``, the
     temporary file is gone and ``path`` is as it was."""
     target = os.fspath(path)
@@ -134,6 +136,10 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | BinaryIO | Iterator
     renamed = False
     try:
         try:
+            if lock:
+                import fcntl  # only where asked: this module is loaded at every interpreter start
+
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if mode is not None:
                 if hasattr(os, "fchmod"):
                     os.fchmod(fd, mode)
@@ -171,6 +177,60 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | BinaryIO | Iterator
             except OSError:
                 pass
 
+
+
+def temp_owner(name: str) -> int | None:
+    """The process id in the name of a temporary file of :func:`write_atomic` (``.<name>.<pid>-<hex12>.tmp``), or
+    None for any other name."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return None
+    tail = name[:-4].rpartition(".")[2]
+    pid, dash, rand = tail.partition("-")
+    if not (dash and pid.isdigit() and len(rand) == 12 and all(c in "0123456789abcdef" for c in rand)):
+        return None
+    return int(pid)
+
+
+STRAY_GRACE = 2.0  # seconds a temporary file is left alone after its last write, whatever else is known
+
+
+def stray(path: str, now: float) -> bool:
+    """Whether the temporary file of :func:`write_atomic` at ``path`` was left by a writer that is gone: untouched
+    for :data:`STRAY_GRACE` seconds, its writer's lock (``lock=True``) not held, and its writer's process not
+    running here (a writer that took no lock: an older version, a process of another machine sharing the
+    directory is kept for an hour)."""
+    pid = temp_owner(os.path.basename(path))
+    if pid is None:
+        return False
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < STRAY_GRACE:
+            return False
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # its writer holds it
+    except ImportError:  # pragma: no cover - Windows
+        pass
+    finally:
+        os.close(fd)
+    if now - st.st_mtime > 3600:
+        return True
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process of that id: running
+        return False
+    return False
 
 
 def _pieces(data: bytes | BinaryIO | Iterator[bytes]) -> Iterable[bytes]:

@@ -21,6 +21,16 @@ key): torch decides the same ISAs, flags and keys (tests/test_isaprobe.py compar
 The markers live in the cache directory, so they travel with the libraries (``file/inductor`` entries) and a
 warm run on a fresh runner of the same kind skips the checks too. No exception of this module's own reaches
 torch: any doubt runs the check.
+
+Child processes of a session (``subprocess``, ``multiprocessing`` spawn, torchrun's ranks, a DataLoader worker that
+compiles) run the same check. :func:`arm` names, in :data:`CHILD_ENV`, a digest of what decides the check and its
+answer in the session's process (:func:`decision_digest`: the ISA torch picks, the CPU's code-generation flags, the
+C++ compiler and the build and loader variables, the compiler settings, the interpreter). A child inherits it;
+at its first ``import torch`` (:mod:`.childstart`) it puts the same proxy into torch's ``cpu_vec_isa`` with a gate
+(:func:`arm_child`): at the child's first check the child computes the digest from its own environment, and only
+an equal digest lets it take a record; any other child runs torch's check as before and writes no record (its
+checks are still counted, for its record in the session's report). The record itself is checked in the child as in
+the session's process (library bytes and the child's own loader identity).
 """
 
 from __future__ import annotations
@@ -32,15 +42,15 @@ import platform
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
 from .fsutil import read_regular, write_atomic
 
-__all__ = ["MARKER_SUFFIX", "MODULE", "TORCH_RECORDS_NOTE", "TORCH_RECORD_SUFFIX", "ProbeProxy", "arm", "check_seconds",
-           "counts", "disarm", "install", "loader_identity", "marker_path", "record", "reset_counts", "reusable",
-           "torch_records_itself", "uninstall"]
+__all__ = ["CHILD_ENV", "MARKER_SUFFIX", "MODULE", "TORCH_RECORDS_NOTE", "TORCH_RECORD_SUFFIX", "ProbeProxy", "arm",
+           "arm_child", "check_seconds", "counts", "decision_digest", "disarm", "install", "loader_identity",
+           "marker_path", "record", "reset_counts", "reusable", "torch_records_itself", "uninstall"]
 
 MODULE = "torch._inductor.cpu_vec_isa"
 PLACEHOLDER = "__lib_path__"  # where torch's template takes the library's path
@@ -53,6 +63,11 @@ RUNS_EVERYWHERE = "torch's vector-ISA check runs in every process: "
 TORCH_RECORDS_NOTE = ("torch's vector-ISA check records its own successes (a .load_ok file beside each check's library "
                       "in the Inductor cache directory): those records travel with the cache, and a check runs only "
                       "for an ISA this CPU has and no record covers")
+# Set by a session that reuses the check, for the processes it starts: the digest of what decides the check there.
+CHILD_ENV = "MEGACACHE_ISA_REUSE"
+# Variables of the C++ build besides CXX (torch's cpp_builder and the compiler read them) and of the loader.
+BUILD_ENV = ("CXX", "CC", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "CFLAGS", "CXXFLAGS",
+             "CPPFLAGS", "LDFLAGS", "CONDA_PREFIX", "TORCH_CUDA_ARCH_LIST")
 MARKER_VERSION = 1
 MAX_MARKER_BYTES = 4096
 MAX_LIBRARY_BYTES = 64 << 20  # the probe libraries are tens of KB
@@ -216,10 +231,25 @@ class ProbeProxy:
     """Stands for the ``subprocess`` module inside torch's ``cpu_vec_isa``: ``run`` and ``check_call`` of torch's
     load check consult the markers; everything else is the real module's."""
 
-    def __init__(self, real: ModuleType, template: str) -> None:
+    def __init__(self, real: ModuleType, template: str, gate: Callable[[], bool] | None = None) -> None:
         self._real = real
         self._template = template
         self._prefix, _, self._suffix = template.partition(PLACEHOLDER)
+        self._gate = gate  # None: records are taken and written; else asked once, at the first check
+        self._allowed: bool | None = None if gate is not None else True
+
+    def _records_allowed(self) -> bool:
+        """Whether this process may take and write records (a child: its decision digest is the session's)."""
+        if self._allowed is None:
+            try:
+                self._allowed = bool(self._gate()) if self._gate is not None else True
+            except Exception:  # noqa: BLE001 - any doubt: torch runs its check, nothing is recorded
+                self._allowed = False
+        return self._allowed
+
+    def ungate(self) -> None:
+        """Take and write records without asking the gate (a session's own pytest process)."""
+        self._gate, self._allowed = None, True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -240,16 +270,18 @@ class ProbeProxy:
     def _call(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
               on_hit: Callable[[list[Any]], Any], succeeded: Callable[[Any], bool]) -> Any:
         start = time.perf_counter()
+        allowed = False
         try:
             library = self._library(args, kwargs)
-            if library is not None and reusable(library, self._template):
+            allowed = library is not None and self._records_allowed()
+            if allowed and library is not None and reusable(library, self._template):
                 _count("reused", time.perf_counter() - start)
                 return on_hit(list(args[0] if args else kwargs["args"]))
         except Exception:  # noqa: BLE001 - any doubt: torch runs its check
-            library = None
+            library, allowed = None, False
         try:
             result = real(*args, **kwargs)  # torch's own check; its exceptions are torch's
-            if library is not None:
+            if library is not None and allowed:
                 try:
                     if succeeded(result) and record(library, self._template):
                         _count("recorded")
@@ -278,11 +310,14 @@ def torch_records_itself(module: ModuleType) -> bool:
     return isinstance(consts, tuple) and TORCH_RECORD_SUFFIX in consts
 
 
-def install(module: ModuleType) -> str | None:
+def install(module: ModuleType, gate: Callable[[], bool] | None = None) -> str | None:
     """Put the proxy in ``module`` (torch's ``cpu_vec_isa``); None when done, else a note for the session's
-    summary saying what happens instead."""
+    summary saying what happens instead. With ``gate``, records are taken and written only if it says so at the
+    first check (a child process); otherwise the proxy only counts torch's checks."""
     current = getattr(module, "subprocess", None)
     if isinstance(current, ProbeProxy):
+        if gate is None:
+            current.ungate()  # a pytest process started by another session: its own records, no outer gate
         return None
     if torch_records_itself(module):
         return TORCH_RECORDS_NOTE
@@ -291,7 +326,7 @@ def install(module: ModuleType) -> str | None:
         return RUNS_EVERYWHERE + "this torch's vector-ISA check has another form"
     if not isinstance(current, ModuleType) or current.__name__ != "subprocess":
         return RUNS_EVERYWHERE + "this torch's vector-ISA check does not go through subprocess"
-    module.subprocess = ProbeProxy(current, template)  # type: ignore[attr-defined]
+    module.subprocess = ProbeProxy(current, template, gate)  # type: ignore[attr-defined]
     return None
 
 
@@ -305,7 +340,7 @@ def uninstall(module: ModuleType | None = None) -> None:
 def arm(on_problem: Callable[[str], None]) -> Any:
     """Install now if torch's ``cpu_vec_isa`` is imported, else when it is. Returns the import hook to remove
     (or None). ``on_problem`` hears, as a whole sentence, why it was not installed and what happens instead."""
-    from .torch_adapter import PostImportHook
+    from .importhook import PostImportHook
 
     def after(module: ModuleType) -> None:
         try:
@@ -315,6 +350,7 @@ def arm(on_problem: Callable[[str], None]) -> Any:
         if why:
             on_problem(why)
 
+    _offer_to_children()
     if MODULE in sys.modules:
         after(sys.modules[MODULE])
         return None
@@ -327,3 +363,85 @@ def disarm(hook: Any) -> None:
     if hook is not None:
         hook.remove()
     uninstall()
+    _withdraw_from_children()
+
+
+# --- child processes ------------------------------------------------------------------------------------------
+_offered: list[tuple[str, str | None]] = []  # (the value set, the variable's value before), while armed
+
+
+def decision_digest(env: Mapping[str, str] | None = None) -> str:
+    """A digest of what decides torch's vector-ISA check and its answer in a process with ``env``, besides the
+    library's bytes and the loader identity a record holds: the ISA torch picks (the CPU's flags, the SVE length,
+    ``ATEN_CPU_CAPABILITY``), the CPU's code-generation flags, the C++ compiler (``$CXX`` or ``g++`` resolved on
+    ``PATH``, to its real path), the build and loader variables, every compiler setting the fingerprint keys on
+    (``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``TORCHDYNAMO_*``, ``TRITON_*``; a value that may be a secret by its
+    slow digest, as in the fingerprint) and the interpreter. Thread counts and cache directories are left out:
+    they decide neither the check nor the ISA. Reads no torch; a few milliseconds."""
+    import shutil
+
+    from . import fingerprint
+    from .envpolicy import fingerprint_value, keyed
+
+    env = dict(os.environ if env is None else env)
+    flags, _cores = fingerprint._cpu_flags()
+    machine = platform.machine()
+    sve = fingerprint.sve_bits(machine)
+    cxx = env.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    found = shutil.which(cxx, path=env.get("PATH"))
+    parts = {
+        "isa": fingerprint.picked_isa(flags, machine, env.get("ATEN_CPU_CAPABILITY"), sve=sve),
+        "cpu": sorted(flags & fingerprint.CODEGEN_FLAGS), "sve": sve, "machine": [sys.platform, machine],
+        "cxx": os.path.realpath(found) if found else None,
+        "build": {name: env.get(name) for name in (*BUILD_ENV, *LOADER_ENV)},
+        "settings": {name: fingerprint_value(name, value) for name, value in sorted(env.items()) if keyed(name)},
+        "python": [sys.executable, sys.version],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _offer_to_children() -> None:
+    """Name this process's decision digest in :data:`CHILD_ENV` for the processes it starts (undone by
+    :func:`disarm`). Contained: a failure leaves the children running their checks."""
+    try:
+        digest = decision_digest()
+    except Exception:  # noqa: BLE001
+        return
+    _offered.append((digest, os.environ.get(CHILD_ENV)))
+    os.environ[CHILD_ENV] = digest
+
+
+def _withdraw_from_children() -> None:
+    while _offered:
+        digest, before = _offered.pop()
+        if os.environ.get(CHILD_ENV) == digest:  # not changed since by someone else
+            if before is None:
+                os.environ.pop(CHILD_ENV, None)
+            else:
+                os.environ[CHILD_ENV] = before
+
+
+def arm_child(offered: str) -> Any:
+    """In a child process at its first ``import torch`` (:mod:`.childstart`): put the proxy into torch's
+    ``cpu_vec_isa`` once it is imported, gated on :func:`decision_digest` of this process's environment at its
+    first check being ``offered`` (the session's). Returns the import hook (or None); never raises."""
+    try:
+        from .importhook import PostImportHook
+
+        def gate() -> bool:
+            return len(offered) == 64 and decision_digest() == offered
+
+        def after(module: ModuleType) -> None:
+            try:
+                install(module, gate)
+            except Exception:  # noqa: BLE001 - never into torch's import
+                pass
+
+        if MODULE in sys.modules:
+            after(sys.modules[MODULE])
+            return None
+        hook = PostImportHook(MODULE, after)
+        sys.meta_path.insert(0, hook)
+        return hook
+    except Exception:  # noqa: BLE001
+        return None

@@ -129,9 +129,13 @@ class _RawStream:
     def to_file(self, n: int, what: str, scratch_dir: str) -> str:
         """The next ``n`` bytes as a new file of ``scratch_dir``; its path."""
         fd, path = tempfile.mkstemp(dir=scratch_dir, suffix=".entry")
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in self._chunks(n, what):
-                fh.write(chunk)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for chunk in self._chunks(n, what):
+                    fh.write(chunk)
+        except BaseException:  # a full disk, a defect found: no part of it stays
+            os.unlink(path)
+            raise
         return path
 
     def produced(self) -> int:

@@ -143,7 +143,9 @@ def _restore_lines(r: RestoreStats, verbose: int, xd: XdistStats | None = None) 
              f"in {r.seconds:.2f} s: {_pairs(r.entries)}; {r.files_written} files written{_by_workers(xd)}"
              + (f" ({r.files_present} already there)" if r.files_present else "")
              + (f", {len(r.files_refused)} refused" if r.files_refused else "")
-             + (f", {r.objects_rejected} objects refused" if r.objects_rejected else "")]
+             + (f", {r.objects_rejected} objects refused" if r.objects_rejected else "")
+             + (f", {r.objects_in_memory} decoded in memory" if r.objects_in_memory else "")
+             + (f", {r.objects_left_out} left out (no room in TMPDIR)" if r.objects_left_out else "")]
     if r.raw_fetched > r.raw_unique:
         lines.append(f"the objects overlap: {human_bytes(r.raw_fetched)} raw fetched for {human_bytes(r.raw_unique)} "
                      f"of distinct entries ({human_bytes(r.raw_fetched - r.raw_unique)} held more than once; "
@@ -184,6 +186,13 @@ def _hit_miss(c: Mapping[str, int]) -> str:
             f"{c.get('autograd_cache_hit', 0)} hit / {c.get('autograd_cache_miss', 0)} miss")
 
 
+def _child_isa(child: dict[str, Any]) -> str:
+    isa = child.get("isa_checks") or {}
+    if not (isa.get("run") or isa.get("reused")):
+        return ""
+    return f"; vector-ISA checks {isa.get('run', 0)} run / {isa.get('reused', 0)} reused, {isa.get('seconds', 0):.2f} s"
+
+
 def _child_records_lines(t: TorchStats) -> list[str]:
     """The child processes' own counters: a total, then one line per child."""
     if not t.children:
@@ -195,7 +204,7 @@ def _child_records_lines(t: TorchStats) -> list[str]:
     seconds = sum(float(child["compile_seconds"]) for child in t.children)
     lines = [f"{len(t.children)} child process(es) compiled: {_hit_miss(total)}, {seconds:.2f} s compiling"]
     lines += [f"  {child['label']}: {_hit_miss(child['counters'])}, {child['compiles']} compiles, "
-              f"{float(child['compile_seconds']):.2f} s" for child in t.children[:MAX_CHILD_LINES]]
+              f"{float(child['compile_seconds']):.2f} s{_child_isa(child)}" for child in t.children[:MAX_CHILD_LINES]]
     if len(t.children) > MAX_CHILD_LINES:
         lines.append(f"  and {len(t.children) - MAX_CHILD_LINES} more (the JSON report lists every one)")
     return lines
@@ -286,6 +295,9 @@ def _upload_lines(up: UploadStats, verbose: int, triton: TritonStats | None = No
         if reason == "nothing was compiled" and triton is not None and (triton.hits or triton.compiled):
             reason = "nothing new"  # torch compiled nothing, Triton's kernels were there already
         lines = [f"uploaded nothing: {reason}"]
+    if up.files_skipped:
+        lines.append(f"left out of the upload: {plural(len(up.files_skipped), 'file')} "
+                     f"({human_bytes(up.files_skipped_bytes)}), first {up.files_skipped[0][:200]}")
     if verbose > 0 and up.files_skipped:
         lines.extend(f"  not carried: {s}" for s in up.files_skipped[:20])
     return lines

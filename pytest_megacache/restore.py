@@ -9,6 +9,7 @@ object gave already stands for the later objects' copies, whose frames are then 
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -22,11 +23,11 @@ from . import envpolicy
 from .bundle import Entries, Limits
 from .compaction import FETCH_WORKERS, Held
 from .deadline import Deadline, bounded, bounded_map
-from .errors import BundleError, StoreError, redact, redact_cut
+from .errors import BundleError, LocalDiskError, StoreError, redact, redact_cut
 from .files import FileRoot
 from .layout import Layout
 from .report import RestoreStats
-from .scratch import Scratch, unlink
+from .scratch import Scratch, local_fault, unlink
 from .stores import ObjectInfo, Store
 
 # Listings of the read folders a restore makes when an object it listed was gone when fetched (a compaction
@@ -35,6 +36,9 @@ RESTORE_ROUNDS = 3
 # Past the restore's budget (every store operation in it stops there), how long a waiter gives the restore
 # thread to write what it fetched before going on without it (slow local disk, a starved CPU).
 RESTORE_GRACE = 1.0
+# An object the scratch directory has no room for (a full TMPDIR) is fetched and decoded in memory instead when it is
+# at most this large (compressed); a larger one is left out (what it holds is compiled again).
+IN_MEMORY_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class Fetched:
     header: bundlemod.Header | None = None
     entries: Entries | None = None
     vanished: bool = False  # listed, then gone when fetched: a compaction deleted it (what it held is elsewhere)
+    data: bytes | None = None  # fetched into memory (the scratch directory had no room for it)
+    left_out: bool = False  # no room for it in the scratch directory, too large to hold in memory
+    in_memory: bool = False  # decoded with its files held in memory (no room for them in the scratch directory)
 
 
 class Owner(Protocol):
@@ -96,6 +103,8 @@ class Restore:
         self.before: dict[str, set[str]] = {}  # the cache directories' files when the restore settled
         self.store_down = False  # nothing came through: an upload would not either
         self.wait_seconds = 0.0  # time callers spent blocked in wait() (the restore's cost to the session)
+        self.local_fault: LocalDiskError | None = None  # the first local disk fault (said once, at the end)
+        self._fault_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._deadline: Deadline | None = None
         self._state_lock = threading.Lock()
@@ -214,33 +223,80 @@ class Restore:
         except Exception as exc:  # noqa: BLE001 - a cache directory we cannot read: collect nothing from it
             self.owner.problem(f"cannot read the cache directories: {type(exc).__name__}: {redact_cut(str(exc))}")
 
+    def _local(self, exc: LocalDiskError) -> None:
+        with self._fault_lock:
+            if self.local_fault is None:
+                self.local_fault = exc
+
     def _fetch(self, store: Store, folder: str, info: ObjectInfo) -> Fetched:
-        """One object, fetched into a scratch file a chunk at a time (decoded later, by :meth:`_decode`)."""
-        path = self.owner.scratch.fetch(store, folder, info.name, self.owner.limits.max_object_bytes)
+        """One object, fetched into a scratch file a chunk at a time (decoded later, by :meth:`_decode`); into
+        memory when the scratch directory has no room for it and it is small enough (:data:`IN_MEMORY_BYTES`)."""
+        try:
+            path = self.owner.scratch.fetch(store, folder, info.name, self.owner.limits.max_object_bytes)
+        except LocalDiskError as exc:
+            self._local(exc)
+            if info.size > IN_MEMORY_BYTES:
+                return Fetched(folder, info, 0, None, left_out=True)
+            buffer = io.BytesIO()
+            if not store.fetch(folder, info.name, min(IN_MEMORY_BYTES, self.owner.limits.max_object_bytes), buffer):
+                return Fetched(folder, info, 0, None, vanished=True)
+            data = buffer.getvalue()
+            return Fetched(folder, info, len(data), None, self._created(data[:bundlemod.HEADER_PREFIX_BYTES]), data=data)
         if path is None:  # deleted by a concurrent compaction: its content is in a newer object
             return Fetched(folder, info, 0, None, vanished=True)
         with open(path, "rb") as fh:
-            doc = bundlemod.peek_header(fh.read(bundlemod.HEADER_PREFIX_BYTES)) or {}
-        created = bundlemod.number(doc.get("created"), 0.0, bundlemod.MAX_CREATED) or 0.0
+            created = self._created(fh.read(bundlemod.HEADER_PREFIX_BYTES))
         return Fetched(folder, info, os.path.getsize(path), path, created)
+
+    @staticmethod
+    def _created(head: bytes) -> float:
+        doc = bundlemod.peek_header(head) or {}
+        return bundlemod.number(doc.get("created"), 0.0, bundlemod.MAX_CREATED) or 0.0
 
     def _decode(self, got: Fetched, held: Entries | None) -> None:
         """Validate and decode a fetched object (then drop its file); its defect is its own, named problem. An entry
-        of ``held`` stands for the object's copy of it (:func:`.bundle.read_object`)."""
-        if got.path is None:
+        of ``held`` stands for the object's copy of it (:func:`.bundle.read_object`). When the scratch directory has
+        no room for its files, it is decoded again into memory if it is small enough, else left out."""
+        if got.path is None and got.data is None:
             return
         try:
-            with open(got.path, "rb") as fh:
-                header, decoded = bundlemod.read_object(fh, self.owner.fingerprint, self.owner.limits, self.owner.signing_keys,
-                                                        self.owner.scratch.path(), held)
+            got.in_memory = got.data is not None
+            try:
+                header, decoded = self._read(got, held, in_memory=got.in_memory)
+            except (BundleError, OSError) as exc:
+                fault = local_fault(exc)
+                if fault is None or got.data is not None:
+                    raise
+                self._local(LocalDiskError.of(fault, self.owner.scratch.path(), f"decoding {got.info.name}"))
+                if got.size > IN_MEMORY_BYTES:
+                    got.left_out = True
+                    return
+                got.in_memory = True
+                header, decoded = self._read(got, held, in_memory=True)
         except (BundleError, OSError) as exc:  # read_object turns what a hostile object provokes into a BundleError
-            self.owner.problem(f"refused {got.folder}/{got.info.name}: {redact_cut(str(exc))}")
+            if local_fault(exc) is not None:
+                got.left_out = True
+            else:
+                self.owner.problem(f"refused {got.folder}/{got.info.name}: {redact_cut(str(exc))}")
             return
         finally:
-            unlink(got.path)
+            if got.path is not None:
+                unlink(got.path)
+            got.data = None
         got.header, got.entries = header, decoded.entries
         self.stats.raw_fetched += decoded.entries.raw_bytes()
         self.stats.raw_decompressed += decoded.decompressed
+
+    def _read(self, got: Fetched, held: Entries | None, in_memory: bool) -> tuple[bundlemod.Header, bundlemod.Decoded]:
+        """The object decoded, its file entries into scratch files, or kept in memory (``in_memory``)."""
+        scratch_dir = None if in_memory else self.owner.scratch.path()
+        owner = self.owner
+        if got.data is not None:
+            return bundlemod.read_object(io.BytesIO(got.data), owner.fingerprint, owner.limits, owner.signing_keys,
+                                         scratch_dir, held)
+        assert got.path is not None
+        with open(got.path, "rb") as fh:
+            return bundlemod.read_object(fh, owner.fingerprint, owner.limits, owner.signing_keys, scratch_dir, held)
 
     def _fetch_all(self, store: Store, listing: list[tuple[str, ObjectInfo]], deadline: Deadline) -> list[Fetched]:
         """Every listed object, fetched and validated. An object deleted between the listing and its fetch was
@@ -311,9 +367,13 @@ class Restore:
                     unlink(got.path)
                 continue
             self._decode(got, merged)
+            if got.left_out:
+                stats.objects_left_out += 1
+                continue
             if got.entries is None or got.header is None:
                 stats.objects_rejected += got.size > 0
                 continue
+            stats.objects_in_memory += got.in_memory
             merged.update(got.entries)
             stats.objects_used += 1
             stats.folders[got.folder] = stats.folders.get(got.folder, 0) + 1
@@ -325,13 +385,24 @@ class Restore:
         stats.raw_unique = merged.raw_bytes()
         if not self._commit():
             return  # abandoned: the session went on without this restore; write nothing now
+        if self.local_fault is not None:
+            self.owner.problem(f"{self.local_fault}; the restore went on without the scratch directory: "
+                               f"{stats.objects_in_memory} object(s) decoded in memory, {stats.objects_left_out} left out "
+                               "(what they hold is compiled again)")
+        root_path = ""
         try:
             for root in self.owner.roots:
+                root_path = str(root.path)
+                stats.strays_removed += root.sweep_strays()[0]
                 written, present = root.restore(merged, stats.files_refused)
                 stats.files_written += written
                 stats.files_present += present
         except (OSError, BundleError) as exc:
-            self.owner.problem(f"restoring compiled files failed ({exc}); those kernels will be rebuilt")
+            if (fault := local_fault(exc)) is not None:
+                self.owner.problem(f"{LocalDiskError.of(fault, fault.filename or root_path, 'restoring compiled files')}"
+                                   "; the files not written are compiled again")
+            else:
+                self.owner.problem(f"restoring compiled files failed ({exc}); those kernels will be rebuilt")
         if stats.files_refused:
             self.owner.problem(f"{len(stats.files_refused)} restored files were refused and not written, the rest were "
                          f"(what they held is rebuilt): {'; '.join(stats.files_refused[:3])}")

@@ -23,6 +23,8 @@ class RestoreStats:
     objects_listed: int = 0
     objects_used: int = 0
     objects_rejected: int = 0
+    objects_in_memory: int = 0  # fetched or decoded in memory: the scratch directory (TMPDIR) had no room for them
+    objects_left_out: int = 0  # no room for them in the scratch directory, too large to hold in memory
     bytes_fetched: int = 0
     raw_fetched: int = 0  # what the objects used hold, decompressed
     raw_unique: int = 0  # of that, each entry counted once (what overlapping objects hold twice, once)
@@ -33,6 +35,7 @@ class RestoreStats:
     files_written: int = 0
     files_present: int = 0
     files_refused: list[str] = field(default_factory=list)  # kernel files cut short: not written, rebuilt
+    strays_removed: int = 0  # temporary files that gone writers (a killed session) left in the cache directories
     seconds: float = 0.0
     ok: bool = False
     why_miss: str | None = None  # when nothing is stored for this fingerprint: the nearest one that is
@@ -103,7 +106,8 @@ class UploadStats:
     converged: int = 0  # objects a session that had nothing new to upload merged into one (or a few parts)
     merged_objects: int = 0  # the objects that merge wrote
     merged_bytes: int = 0
-    files_skipped: list[str] = field(default_factory=list)
+    files_skipped: list[str] = field(default_factory=list)  # files left out of the upload: "<path>: <why>"
+    files_skipped_bytes: int = 0
     profiles_merged: int = 0  # dynamic-shape profiles that xdist workers grew apart, merged as torch does
     seconds: float = 0.0
 

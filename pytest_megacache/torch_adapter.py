@@ -10,19 +10,18 @@ the bundle) before torch looks anything up in its caches. ``torch._dynamo.reset(
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from . import dynamo_reuse, torchfmt
 from .errors import BundleError, redact_cut
+from .importhook import PostImportHook as PostImportHook  # re-exported: the roles and tritonstats import it here
 
 COUNTER_NAMES = {
     "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),
@@ -54,65 +53,6 @@ class CompileRecord:
     @property
     def misses(self) -> int:
         return counter_sum(self.counters, MISS_COUNTERS)
-
-
-class _NotifyingLoader(importlib.abc.Loader):
-    """Runs the real loader, then a callback with the freshly executed module; records how long the import
-    took (``spans``: the perf_counter() interval, for the per-process times)."""
-
-    def __init__(self, inner: Any, after: Callable[[ModuleType], None], spans: list[tuple[float, float]]) -> None:
-        self.inner = inner
-        self.after = after
-        self.spans = spans
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        module: ModuleType | None = self.inner.create_module(spec)
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        # Put the real loader back so nothing downstream ever sees this wrapper.
-        module.__loader__ = self.inner
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.inner
-        started = time.perf_counter()
-        self.inner.exec_module(module)
-        self.spans.append((started, time.perf_counter()))
-        self.after(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class PostImportHook(importlib.abc.MetaPathFinder):
-    """Calls ``after`` with the module ``fullname`` once it is imported, then leaves ``sys.meta_path``. A lookup
-    that imports nothing (``importlib.util.find_spec``, as torch and this plugin ask whether Triton is installed)
-    leaves it in place for the import that follows."""
-
-    def __init__(self, fullname: str, after: Callable[[ModuleType], None],
-                 spans: list[tuple[float, float]] | None = None) -> None:
-        self.fullname = fullname
-        self.after = after
-        self.spans = spans if spans is not None else []  # when the import ran (start, end)
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
-                  ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.fullname:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _NotifyingLoader(spec.loader, self._imported, self.spans)
-        return spec
-
-    def _imported(self, module: ModuleType) -> None:
-        self.remove()
-        self.after(module)
-
-    def remove(self) -> None:
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
 
 
 class _SurvivesReset(list[Any]):

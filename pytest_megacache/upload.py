@@ -14,12 +14,15 @@ from . import envpolicy
 from .bundle import Entries, Entry, Limits
 from .compaction import PART_FIELD, Compaction, Held
 from .deadline import Deadline, bounded
-from .errors import BundleError, StoreError, redact_cut
-from .report import TorchStats, UploadStats
+from .entries import PRECOMPILE_KIND
+from .errors import BundleError, LocalDiskError, StoreError, redact_cut
+from .report import TorchStats, UploadStats, human_bytes
 from .scratch import Scratch, unlink
 from .stores import ObjectInfo, Store, new_object_name
 from .torch_adapter import MISS_COUNTERS, counter_sum
 
+# The reasons Dynamo reuse refuses a stored entry when it loads it (counted as ``dynamo_refused_<reason>``).
+REFUSED_AT_LOAD = ("load_failed", "code_changed", "collision", "missing_module", "global_changed")
 MAX_COLD_SECONDS = 500  # artifacts whose cold compile seconds one object's header records
 MAX_COMPILE_SECONDS = 86_400.0  # what one recorded compile may claim to have cost
 
@@ -95,6 +98,7 @@ class Upload:
             session.merge(worker_entries)
         if worker_profiles:
             session.merge(self.merge_worker_profiles(worker_profiles, owner.upload_timeout))
+        self.say_skipped()
         session = self.scrubbed(session)
         up.session_entries = len(session)
         new = session.minus(owner.restored)  # a profile that changed under its key counts as new
@@ -106,7 +110,11 @@ class Upload:
             up.reason = "nothing new" if owner.torch_stats.compiled else "nothing was compiled"
             return
         up.attempted = True
-        compact = merge_only or len(owner.own_units()) + 1 > owner.compact_after
+        # A Dynamo entry traced again in place of a stored one that was refused when loaded: the older object's copy
+        # would be fetched (and refused) by every restore until a merge drops it, so merge now.
+        refused = sum(owner.torch_stats.counters.get(f"dynamo_refused_{reason}", 0) for reason in REFUSED_AT_LOAD)
+        replaces = bool(refused) and any(e.kind == PRECOMPILE_KIND and e.ident in owner.restored_own for e in new)
+        compact = merge_only or replaces or len(owner.own_units()) + 1 > owner.compact_after
         payload = self.scrubbed(owner.restored_own) if compact else Entries()
         payload.merge(new)  # a changed profile replaces the restored one
         compact = compact and len(payload) > len(new)
@@ -122,6 +130,12 @@ class Upload:
             owner.store_error("upload", exc)
             up.reason = "upload failed"
             return
+        except LocalDiskError as exc:  # this machine's disk, not the store: said as such; the store is fine
+            left = new if new else payload
+            what = f"{plural_entries(len(left))} ({human_bytes(left.raw_bytes())} raw) not uploaded"
+            owner.problem(f"{exc}; {what}")
+            up.reason = f"{exc.disk}: {what}"
+            return
         if stored is None:
             up.reason = "over the restore limits"
             return
@@ -133,11 +147,24 @@ class Upload:
         if compact:
             try:
                 self._compact(store, deadline, mine)
-            except StoreError as exc:
+            except (StoreError, LocalDiskError) as exc:
                 owner.notes.append(f"compaction stopped after {up.compacted + up.superseded} deletions ({exc}); "
                                   "what is left is merged next time")
             except Exception as exc:  # noqa: BLE001 - a cache bug must never fail the session
                 owner.problem(f"compaction failed unexpectedly: {type(exc).__name__}: {redact_cut(str(exc))}")
+
+    def say_skipped(self) -> None:
+        """The files the collect left out of this upload, in one problem: how many, their bytes, the first of them
+        (and the local disk's state when it refused a copy)."""
+        skipped = self.stats.files_skipped
+        if not skipped:
+            return
+        size = sum(getattr(s, "size", 0) for s in skipped)
+        self.stats.files_skipped_bytes = size
+        local = next((str(note) for s in skipped if (note := getattr(s, "local", None))), None)
+        first = redact_cut(str(skipped[0]), 200)
+        self.owner.problem((f"{local}; " if local else "")
+                           + f"{len(skipped)} file(s) ({human_bytes(size)}) left out of the upload, first {first}")
 
     def merged_meta(self, entries: Entries, sources: Sequence[Held]) -> dict[str, object]:
         """The header fields of a merged object: this session's, with the cold compile seconds that the merged
@@ -216,7 +243,12 @@ class Upload:
                     extra[PART_FIELD] = {"group": group, "index": len(names),
                                          **({} if todo else {"count": len(names) + 1})}
                 path = os.path.join(self.owner.scratch.path(), name := new_object_name())
-                header, size = bundlemod.write_object(path, entries, self.owner.fingerprint, extra, signing_key)
+                try:
+                    header, size = bundlemod.write_object(path, entries, self.owner.fingerprint, extra, signing_key)
+                except OSError as exc:  # the scratch directory's disk: nothing of the object is stored
+                    unlink(path)
+                    raise LocalDiskError.of(exc, path, f"writing the upload's object ({plural_entries(len(entries))}, "
+                                                       f"{human_bytes(entries.raw_bytes())} raw)") from exc
                 why = self._over_limits(header, size)
                 if why is not None:
                     unlink(path)

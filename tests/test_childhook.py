@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import childhook, childstart
+from pytest_megacache import childhook, childstart, isaprobe
 from pytest_megacache.childhook import MAX_FILES, MAX_RECORD_BYTES, SPOOL_ENV, ChildRecord, read_spool
 from pytest_megacache.childstart import PTH_LINE
 from pytest_megacache.torch_adapter import COUNTER_NAMES
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PTH_NAME = "pytest_megacache_children.pth"
 ALL_COUNTERS = sorted(name for names in COUNTER_NAMES.values() for name in names)
 RECORD_KEYS = {"v", "pid", "ppid", "rank", "local_rank", "world_size", "compiled", "compiles", "graphs",
-               "compile_seconds", "counters"}
+               "compile_seconds", "counters", "isa_run", "isa_reused", "isa_seconds", "phases"}
 SECRET = "hunter2-s3cr3t"
 
 # Imported by the children (PYTHONPATH): a stand-in for torch._dynamo.utils, and a way to say who they are.
@@ -110,7 +110,8 @@ def kid(tmp_path: Path) -> Iterator[Any]:
 
 def child_env(spool: Path | str | None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in (SPOOL_ENV, "RANK", "LOCAL_RANK", "WORLD_SIZE", "PYTHONPATH", "COVERAGE_PROCESS_START")}
+           if k not in (SPOOL_ENV, childstart.ISA_ENV, "RANK", "LOCAL_RANK", "WORLD_SIZE", "PYTHONPATH",
+                        "COVERAGE_PROCESS_START")}
     if spool is not None:
         env[SPOOL_ENV] = str(spool)
     env.update(extra)
@@ -119,8 +120,10 @@ def child_env(spool: Path | str | None, **extra: str) -> dict[str, str]:
 
 def valid_doc(**changes: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "v": 1, "pid": 4242, "ppid": 1, "rank": 0, "local_rank": 0, "world_size": 2, "compiled": True,
-        "compiles": 3, "graphs": 2, "compile_seconds": 1.5, "counters": {name: 0 for name in ALL_COUNTERS},
+        "v": childhook.RECORD_VERSION, "pid": 4242, "ppid": 1, "rank": 0, "local_rank": 0, "world_size": 2,
+        "compiled": True, "compiles": 3, "graphs": 2, "compile_seconds": 1.5,
+        "counters": {name: 0 for name in ALL_COUNTERS}, "isa_run": 0, "isa_reused": 2, "isa_seconds": 0.01,
+        "phases": {"_compile.compile_inner": 1.5, "compile_fx.<locals>.fw_compiler_base": 0.5},
     }
     doc["counters"]["fxgraph_cache_miss"] = 2
     doc.update(changes)
@@ -212,6 +215,7 @@ def fresh_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> _Atexit:
     monkeypatch.setenv(SPOOL_ENV, str(tmp_path / "spool"))
     monkeypatch.setenv(childstart.READY_ENV, str(tmp_path / "ready"))
     monkeypatch.setenv(childstart.WAIT_ENV, "30")
+    monkeypatch.delenv(childstart.ISA_ENV, raising=False)
     return fake
 
 
@@ -293,6 +297,43 @@ def test_the_wait_lets_no_exception_out(fresh_start: _Atexit, monkeypatch: pytes
     assert _waits() == []
 
 
+def test_the_isa_digest_alone_arms_at_torch_and_asks_for_no_restore(
+        fresh_start: _Atexit, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pytest_megacache import isaprobe
+
+    armed: list[str] = []
+    monkeypatch.setattr(isaprobe, "arm_child", armed.append)
+    monkeypatch.delenv(childstart.READY_ENV)
+    monkeypatch.setenv(childstart.ISA_ENV, "ab" * 32)
+    childstart.start()
+    assert len(_waits()) == 1
+    assert childstart.MegacacheRestoreWait.find_spec("numpy") is None and armed == []
+    assert childstart.MegacacheRestoreWait.find_spec("torch") is None
+    assert armed == ["ab" * 32] and _waits() == []
+    assert not (tmp_path / ("ready" + childstart.WANTED_SUFFIX)).exists()
+
+
+def test_a_failing_isa_arming_still_asks_for_the_restore(
+        fresh_start: _Atexit, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pytest_megacache import isaprobe
+
+    def broken(offered: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(isaprobe, "arm_child", broken)
+    monkeypatch.setenv(childstart.ISA_ENV, "ab" * 32)
+    monkeypatch.setenv(childstart.WAIT_ENV, "0")
+    childstart.start()
+    assert childstart.MegacacheRestoreWait.find_spec("torch") is None
+    assert (tmp_path / ("ready" + childstart.WANTED_SUFFIX)).exists() and _waits() == []
+
+
+def test_the_variable_names_agree() -> None:
+    from pytest_megacache import isaprobe
+
+    assert childstart.ISA_ENV == isaprobe.CHILD_ENV
+
+
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), ImportError()], ids=lambda e: type(e).__name__)
 def test_the_exit_handler_lets_no_exception_out(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
     def raising(*args: Any) -> None:
@@ -320,7 +361,11 @@ def test_a_child_that_compiled_writes_one_valid_record(kid: Any, tmp_path: Path)
     k = kid("""
         import os
         from kidlib import fake_torch, report
+        from pytest_megacache import isaprobe
         fake_torch(misses=2, hits=1, seconds=(0.5, 0.25), graphs=2)
+        isaprobe._count("run", 1.25)  # what the proxy counts in a child that armed it
+        isaprobe._count("reused", 0.25)
+        isaprobe._count("reused", 0.0)
         report(os.environ["FACTS"])
     """, spool=spool, env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
     assert k.proc.returncode == 0 and k.proc.stderr == "", k.proc.stderr
@@ -332,11 +377,13 @@ def test_a_child_that_compiled_writes_one_valid_record(kid: Any, tmp_path: Path)
     counters = dict.fromkeys(ALL_COUNTERS, 0) | {"fxgraph_cache_miss": 2, "fxgraph_cache_hit": 1}
     assert record == ChildRecord(
         file=name, pid=k.facts["pid"], ppid=os.getpid(), rank=3, local_rank=1, world_size=4, compiled=True,
-        compiles=2, graphs=2, compile_seconds=0.75, counters=counters)
+        compiles=2, graphs=2, compile_seconds=0.75, counters=counters, isa_run=1, isa_reused=2, isa_seconds=1.5,
+        phases={"_compile.compile_inner": 0.75})
     assert record.label() == f"rank 3 (pid {record.pid})"
     assert record.row() == {"label": f"rank 3 (pid {record.pid})", "pid": record.pid, "ppid": os.getpid(), "rank": 3,
                             "local_rank": 1, "world_size": 4, "compiles": 2, "graphs": 2, "compile_seconds": 0.75,
-                            "counters": counters}
+                            "counters": counters, "isa_checks": {"run": 1, "reused": 2, "seconds": 1.5},
+                            "phases": {"_compile.compile_inner": 0.75}}
 
 
 def test_a_child_outliving_its_session_writes_nothing_and_creates_no_spool(kid: Any, tmp_path: Path) -> None:
@@ -655,9 +702,10 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "array": (_dumps([SECRET]), "not a JSON object"),
     "nested": (b"[" * 8000 + b"]" * 8000, "not JSON"),
     "no-version": (_dumps({k: v for k, v in valid_doc().items() if k != "v"}), "version"),
-    "version-2": (_dumps(valid_doc(v=2)), "version"),
+    "version-1": (_dumps(valid_doc(v=1)), "version"),
+    "version-3": (_dumps(valid_doc(v=3)), "version"),
     "version-true": (_dumps(valid_doc(v=True)), "version"),
-    "version-float": (_dumps(valid_doc(v=1.0)), "version"),
+    "version-float": (_dumps(valid_doc(v=2.0)), "version"),
     "unknown-key": (_dumps(valid_doc(argv=[SECRET])), "1 unknown and 0 missing keys"),
     "missing-key": (_dumps({k: v for k, v in valid_doc().items() if k != "graphs"}), "0 unknown and 1 missing"),
     "duplicate-key": (b'{"v": 1, "v": 1}', "a key given twice"),
@@ -678,6 +726,14 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "seconds-negative": (_dumps(valid_doc(compile_seconds=-0.5)), "compile_seconds"),
     "seconds-string": (_dumps(valid_doc(compile_seconds="1.5")), "compile_seconds"),
     "counters-list": (_dumps(valid_doc(counters=[1, 2])), "counters is not an object"),
+    "isa-run-negative": (_dumps(valid_doc(isa_run=-1)), "isa_run is not an integer"),
+    "isa-reused-float": (_dumps(valid_doc(isa_reused=1.5)), "isa_reused is not an integer"),
+    "isa-seconds-string": (_dumps(valid_doc(isa_seconds="0.1")), "isa_seconds is not a number"),
+    "phases-list": (_dumps(valid_doc(phases=[1.5])), "phases is not an object"),
+    "phases-odd-name": (_dumps(valid_doc(phases={SECRET + " /x": 1.0})), "phases is not an object"),
+    "phases-too-many": (_dumps(valid_doc(phases={f"p{i}": 1.0 for i in range(13)})), "phases is not an object"),
+    "phase-negative": (_dumps(valid_doc(phases={"compile_fx": -1.0})), "a phase is not a number"),
+    "phase-string": (_dumps(valid_doc(phases={"compile_fx": "1"})), "a phase is not a number"),
     "counter-unknown": (_dumps(valid_doc(counters={SECRET: 1})), "1 unknown counter names"),
     "counter-negative": (_dumps(valid_doc(counters={"fxgraph_cache_hit": -1})), "a counter is not an integer"),
     "counter-float": (_dumps(valid_doc(counters={"fxgraph_cache_hit": 1.5})), "a counter is not an integer"),
@@ -811,12 +867,23 @@ with open(sys.argv[1], "w") as fh:
 """
 
 
+# After the compiling child: torch's vector-ISA decision in a child of the same session, over the records it left.
+ISA_CHILD = """
+import json
+import torch._inductor.cpu_vec_isa as m
+valid, picked = [str(isa) for isa in m.valid_vec_isa_list()], str(m.pick_vec_isa())
+from pytest_megacache import isaprobe  # imported by the .pth line's start-up module at `import torch`, armed
+print(json.dumps({"counts": isaprobe.counts(), "valid": valid, "picked": picked}))
+"""
+
+
 @dataclass
 class TorchRun:
     root: Path
     facts: dict[str, Any]
     compiling: subprocess.CompletedProcess[str]
     idle: subprocess.CompletedProcess[str]
+    isa: dict[str, dict[str, Any]]  # ISA_CHILD's output: "same" environment, "forced" ATEN_CPU_CAPABILITY
 
 
 @pytest.fixture(scope="module")
@@ -828,7 +895,9 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory) -> TorchRun:
     env = child_env(None, PYTHONPATH=str(root), TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
                     TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
     env.pop("TORCH_COMPILE_JOB_ID", None)
-    for spool in ("spool-compiling", "spool-spawned", "spool-idle"):  # the session creates its spool (plugin.py)
+    # What a session that reuses the check sets for its children: the digest of its own decision (this one's).
+    env[isaprobe.CHILD_ENV] = isaprobe.decision_digest(env)
+    for spool in ("spool-compiling", "spool-spawned", "spool-idle", "spool-isa"):  # the session creates its spool (plugin.py)
         (root / spool).mkdir(mode=0o700)
     compiling = subprocess.Popen(
         [sys.executable, "-c", COMPILING_CHILD, str(root / "facts.json"), str(root / "spool-spawned")],
@@ -844,7 +913,18 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory) -> TorchRun:
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     assert results[0].returncode == 0, results[0].stderr[-3000:]
     assert results[1].returncode == 0, results[1].stderr[-3000:]
-    return TorchRun(root, json.loads((root / "facts.json").read_text()), results[0], results[1])
+    # Two more children once the records exist: the session's environment, and one that forces an ISA by itself.
+    isa_env = {**env, SPOOL_ENV: str(root / "spool-isa")}
+    procs = {"same": subprocess.Popen([sys.executable, "-c", ISA_CHILD], env=isa_env, cwd=root, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+             "forced": subprocess.Popen([sys.executable, "-c", ISA_CHILD], env={**isa_env, "ATEN_CPU_CAPABILITY": "default"},
+                                        cwd=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)}
+    isa = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        isa[name] = json.loads(out.splitlines()[-1])
+    return TorchRun(root, json.loads((root / "facts.json").read_text()), results[0], results[1], isa)
 
 
 @pytest.mark.torch
@@ -870,6 +950,28 @@ def test_a_real_spawn_child_writes_its_own_record(torch_run: TorchRun) -> None:
     # It found its parent's FX graph in the shared cache directory: its own counters say hit, not miss.
     assert record.counters["fxgraph_cache_hit"] >= 1 and record.counters["fxgraph_cache_miss"] == 0
     assert record.counters["fxgraph_cache_hit"] == spawned["counters"].get("fxgraph_cache_hit", 0)
+
+
+@pytest.mark.torch
+def test_real_children_run_the_isa_checks_once_and_take_the_records_after(torch_run: TorchRun) -> None:
+    """The compiling child ran torch's checks (a fresh cache directory) and recorded them; its spawn child and a
+    later child of the same environment took every record and ran none, and torch decided the same."""
+    [compiling] = read_spool(torch_run.root / "spool-compiling")[0]
+    [spawned] = read_spool(torch_run.root / "spool-spawned")[0]
+    assert compiling.isa_run >= 1 and compiling.isa_reused == 0 and compiling.isa_seconds > 0, compiling
+    assert (spawned.isa_run, spawned.isa_reused) == (0, compiling.isa_run), spawned
+    same = torch_run.isa["same"]
+    assert same["counts"] == {"reused": compiling.isa_run, "run": 0, "recorded": 0}, same
+    assert same["valid"], "this CPU has no vector ISA: the comparison would prove nothing"
+
+
+@pytest.mark.torch
+def test_a_real_child_forcing_its_own_isa_runs_every_check_itself(torch_run: TorchRun) -> None:
+    """ATEN_CPU_CAPABILITY set in the child alone: its decision digest is not the session's, so it takes no record
+    (they are there: the control above took them all), runs each check as torch does, and writes no record."""
+    forced, same = torch_run.isa["forced"], torch_run.isa["same"]
+    assert forced["counts"] == {"reused": 0, "run": same["counts"]["reused"], "recorded": 0}, forced
+    assert forced["valid"] == same["valid"] and forced["picked"] != same["picked"], (forced, same)
 
 
 @pytest.mark.torch

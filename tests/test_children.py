@@ -89,6 +89,12 @@ def kid_counters(run: Run, name: str) -> dict[str, Any]:
     return doc
 
 
+def isa_checks(run: Run) -> list[tuple[int, int]]:
+    """(run, reused) of torch's vector-ISA checks in each child of the session report."""
+    assert run.report is not None
+    return [(c["isa_checks"]["run"], c["isa_checks"]["reused"]) for c in run.report["torch"]["children"]]
+
+
 def children_by_counters(run: Run) -> list[tuple[int, int]]:
     """(FX hits, FX misses) of each child in the session report."""
     assert run.report is not None
@@ -132,6 +138,10 @@ def test_compiles_in_child_processes_are_stored_and_hit_warm(pytester: pytest.Py
     assert sorted(cold_children) == [(0, 1), (0, 1)], cold.report["torch"]["children"]
     assert [kid_counters(cold, n)["inductor"]["fxgraph_cache_miss"] for n in ("subprocess", "spawn")] == [1, 1]
     cold.result.stdout.fnmatch_lines(["2 child process(es) compiled: FX 0 hit / 2 miss*", "  pid *: FX 0 hit / 1 miss*"])
+    # torch's vector-ISA checks ran in the first child that compiled, which recorded them; a later child took the
+    # records (the session's decision digest is theirs): every check is counted, run or reused.
+    cold_isa = isa_checks(cold)
+    assert sum(ran for ran, _ in cold_isa) >= 1 and all(ran + reused >= 1 for ran, reused in cold_isa), cold_isa
     [obj] = list(store.rglob("*.mcb"))
     names = {e.name for e in bundlemod.decode(obj.read_bytes())[1]}
     assert sum(name.startswith("fxgraph/") for name in names) == 3
@@ -145,6 +155,10 @@ def test_compiles_in_child_processes_are_stored_and_hit_warm(pytester: pytest.Py
     assert warm.report is not None and warm.report["upload"]["objects"] == 0, warm.report["upload"]
     # The children of xdist workers report to the controller's spool too.
     assert sorted(children_by_counters(warm)) == [(1, 0), (1, 0)], warm.report["torch"]["children"]
+    # Their vector-ISA checks came from the records carried from the cold run: none ran.
+    warm_isa = isa_checks(warm)
+    assert all(ran == 0 and reused >= 1 for ran, reused in warm_isa), warm_isa
+    warm.result.stdout.fnmatch_lines(["  pid *; vector-ISA checks 0 run / * reused*"])
     assert not warm.megacache_warnings(), warm.result.outlines[-20:]
     assert plugin_temp(warm) == []  # the staging folder and the spool are gone
     assert len(list(store.rglob("*.mcb"))) == 1  # nothing uploaded twice

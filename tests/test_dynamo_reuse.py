@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -414,10 +415,44 @@ class ReuseChain:
         self.project.write("edits.py", _fill(EDITS, VARIANTS[variant]))
         self.project.write("generator.py", GENERATOR)
 
-    def run(self, name: str, variant: int) -> Run:
+    corrupted: tuple[str, bytes] | None = None  # the stored entry cut short before the warm session: key, bytes
+
+    def run(self, name: str, variant: int, *args: str) -> Run:
         self.write(variant)
-        self.runs[name] = run = self.project.run("--megacache-precompile", env={"REUSE_VARIANT": str(variant)})
+        self.runs[name] = run = self.project.run("--megacache-precompile", *args, env={"REUSE_VARIANT": str(variant)})
         return run
+
+    def stored_precompile(self) -> list[dict[str, bytes]]:
+        """Each stored object's Dynamo entries (key: bytes)."""
+        return [{e.name: e.data for e in entries if e.kind == "torch/precompile"}
+                for _path, _header, entries in _objects(self.project.path / "store")]
+
+    def corrupt(self, marker: bytes) -> None:
+        """Cut the last byte (pickle's STOP) off the stored Dynamo entry whose bytes hold ``marker``, inside an object
+        that stays valid (encoded again, unsigned): torch's loader fails on it after unpickling its compiled graphs."""
+        from pytest_megacache import bundle as bundlemod
+
+        for path, header, entries in _objects(self.project.path / "store"):
+            hits = [e for e in entries if e.kind == "torch/precompile" and marker in e.data]
+            if hits:
+                [entry] = hits
+                cut = entry.data[:-1]
+                rest = [e for e in entries if e.ident != entry.ident]
+                path.write_bytes(bundlemod.encode(bundlemod.Entries([*rest, entry.with_data(cut)]), header.fingerprint,
+                                                  header.extra))
+                self.corrupted = (entry.name, cut)
+                return
+        raise AssertionError(f"no stored Dynamo entry holds {marker!r}")
+
+
+def _objects(store: Path) -> list[tuple[Path, Any, Any]]:
+    from pytest_megacache import bundle as bundlemod
+
+    out = []
+    for path in sorted(store.rglob("*.mcb")):
+        header, entries = bundlemod.decode(path.read_bytes())
+        out.append((path, header, entries))
+    return out
 
 
 @pytest.fixture(scope="class")
@@ -426,7 +461,8 @@ def reuse_chain(tmp_path_factory: pytest.TempPathFactory) -> ReuseChain:
     project = TorchProject(path=path, env={"MEGACACHE_DIR": str(path / "store")}, tests=TESTS)
     chain = ReuseChain(project)
     chain.run("cold", 1)
-    chain.run("warm", 2)
+    chain.corrupt(b"\x8c\x0buses_global\x94")  # the stored entry of edits.uses_global (its pickled name)
+    chain.run("warm", 2, "-W", "error::pytest.PytestUnraisableExceptionWarning")
     return chain
 
 
@@ -512,3 +548,19 @@ class TestDynamoReuse:
         warm = reuse_chain.runs["warm"]
         [line] = [line for line in warm.result.outlines if "Dynamo reuse" in line]
         assert "installed" in line and "code changed" in line and "global changed" in line, line
+
+    def test_an_entry_torch_fails_to_load_is_refused_contained_and_replaced(self, reuse_chain: ReuseChain) -> None:
+        """An entry cut short inside a valid object: torch's loader fails on it and the frame is traced. It counts as
+        refused, torch's logged traceback and the unraisable exceptions of its half-loaded graphs stay out of the
+        session (which runs under -W error for them), and the fresh trace replaces it in the store at once."""
+        warm = reuse_chain.runs["warm"]
+        assert _counters(warm).get("dynamo_refused_load_failed") == 1, _counters(warm)
+        assert _compiles(warm, "test_module_global_edited") > 0
+        assert not [line for line in warm.result.outlines + warm.result.errlines
+                    if "Failed to load package" in line or "Unraisable" in line], warm.result.outlines[-40:]
+        [line] = [line for line in warm.result.outlines if "Dynamo reuse" in line]
+        assert "load failed 1" in line, line
+        assert reuse_chain.corrupted is not None
+        key, cut = reuse_chain.corrupted
+        copies = [entries[key] for entries in reuse_chain.stored_precompile() if key in entries]
+        assert copies and cut not in copies, "the entry torch failed to load is still stored"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -295,3 +296,21 @@ def test_importing_it_loads_nothing_beyond_the_package(tmp_path: Path) -> None:
             "print(sorted(set(sys.modules) - before))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['pytest_megacache.fsutil']"
+
+
+def test_only_write_atomic_temporary_files_of_gone_writers_are_strays(tmp_path: Path) -> None:
+    from pytest_megacache.fsutil import stray, temp_owner
+
+    assert temp_owner(".cabc.so.123-0123456789ab.tmp") == 123
+    assert [temp_owner(n) for n in ("cabc.so", ".cabc.so.123-0123.tmp", ".x.abc-0123456789ab.tmp", "tmpabc")] == [None] * 4
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    gone = tmp_path / f".cabc.so.{int(dead.stdout)}-0123456789ab.tmp"
+    mine = tmp_path / f".cabc.so.{os.getpid()}-0123456789ab.tmp"
+    other = tmp_path / "cabc.so.tmp"
+    for path in (gone, mine, other):
+        path.write_bytes(b"half")
+    now = time.time()
+    assert not stray(str(gone), now)  # just written: left alone whatever else is known
+    later = now + 60
+    assert stray(str(gone), later) and not stray(str(mine), later) and not stray(str(other), later + 7200)

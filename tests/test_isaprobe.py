@@ -415,3 +415,165 @@ def test_torch_decides_the_same_without_the_reuse_recording_and_reusing(tmp_path
     assert counts[0] == {"reused": 0, "run": 0, "recorded": 0}
     assert counts[1]["run"] >= 1 and counts[1]["recorded"] == counts[1]["run"] and counts[1]["reused"] == 0
     assert counts[2] == {"reused": counts[1]["run"], "run": 0, "recorded": 0}
+
+
+# --- child processes --------------------------------------------------------------------------------------------
+def test_a_child_whose_decision_differs_runs_the_check_and_records_nothing(tmp_path: Path) -> None:
+    """A record exists for these exact bytes and loader; a child whose gate says no (its decision digest is not the
+    session's) still runs torch's check each time, counted, and neither takes nor writes a record."""
+    real = CountingSubprocess()
+    lib = library(tmp_path)
+    check(ProbeProxy(real, NEW_FORM), NEW_FORM, lib, old=False)
+    written = marker(lib).read_bytes()
+    asked: list[int] = []
+
+    def no() -> bool:
+        asked.append(1)
+        return False
+
+    def broken() -> bool:
+        raise OSError("cannot read /proc/cpuinfo")
+
+    for gate in (no, broken):
+        isaprobe.reset_counts()
+        proxy = ProbeProxy(real, NEW_FORM, gate)
+        calls = len(real.calls)
+        check(proxy, NEW_FORM, lib, old=False)
+        check(proxy, NEW_FORM, lib, old=False)
+        assert len(real.calls) == calls + 2  # torch's check ran both times
+        assert isaprobe.counts() == {"reused": 0, "run": 2, "recorded": 0}
+        assert isaprobe.check_seconds() > 0
+    assert asked == [1]  # asked once per process (proxy), at its first check
+    assert marker(lib).read_bytes() == written
+
+    # The same record with a gate that says yes: taken, no child.
+    isaprobe.reset_counts()
+    calls = len(real.calls)
+    check(ProbeProxy(real, NEW_FORM, lambda: True), NEW_FORM, lib, old=False)
+    assert len(real.calls) == calls and isaprobe.counts() == {"reused": 1, "run": 0, "recorded": 0}
+
+
+def test_a_child_with_no_record_yet_records_only_when_its_gate_allows(tmp_path: Path) -> None:
+    real = CountingSubprocess()
+    denied, allowed = library(tmp_path / "denied"), library(tmp_path / "allowed")
+    check(ProbeProxy(real, OLD_FORM, lambda: False), OLD_FORM, denied, old=True)
+    assert list(Path(denied).parent.glob("*" + MARKER_SUFFIX)) == []
+    check(ProbeProxy(real, OLD_FORM, lambda: True), OLD_FORM, allowed, old=True)
+    assert marker(allowed).is_file()
+    assert isaprobe.counts() == {"reused": 0, "run": 2, "recorded": 1}
+
+
+def test_the_gate_is_asked_at_the_first_check_not_before(tmp_path: Path) -> None:
+    asked: list[int] = []
+    proxy = ProbeProxy(CountingSubprocess(), NEW_FORM, lambda: bool(asked.append(1)) or True)
+    proxy.run(["true"])  # another call of torch's module: not the check, the gate is not asked
+    assert asked == []
+    check(proxy, NEW_FORM, library(tmp_path), old=False)
+    check(proxy, NEW_FORM, library(tmp_path), old=False)
+    assert asked == [1]
+
+
+def _base_env(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("g++", "clang++"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": str(bin_dir), "HOME": "/root", "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+
+
+@pytest.mark.parametrize("change", [
+    {"ATEN_CPU_CAPABILITY": "default"}, {"ATEN_CPU_CAPABILITY": "avx2"}, {"CXX": "clang++"}, {"CXXFLAGS": "-O0"},
+    {"CPATH": "/opt/include"}, {"LD_PRELOAD": "/lib/x.so"}, {"LD_LIBRARY_PATH": "/opt/lib"}, {"PYTHONPATH": "/x"},
+    {"TORCHINDUCTOR_FREEZING": "1"}, {"TORCHINDUCTOR_CPP_WRAPPER": "1"}, {"TORCHINDUCTOR_VEC_ISA_OK": "0"},
+    {"TORCH_COMPILE_DEBUG": "1"}, {"TORCHINDUCTOR_REDIS_URL": "redis://u:pw@host"},
+], ids=lambda change: next(iter(change)))
+def test_the_decision_digest_follows_what_decides_the_check(tmp_path: Path, change: dict[str, str]) -> None:
+    env = _base_env(tmp_path)
+    assert isaprobe.decision_digest({**env, **change}) != isaprobe.decision_digest(env)
+
+
+def test_the_decision_digest_follows_the_compiler_found_on_path(tmp_path: Path) -> None:
+    env = _base_env(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "g++").write_text("#!/bin/sh\n")
+    (other / "g++").chmod(0o755)
+    assert isaprobe.decision_digest({**env, "PATH": str(other)}) != isaprobe.decision_digest(env)
+    # The same compiler through another directory on PATH: the same digest.
+    assert isaprobe.decision_digest({**env, "PATH": f"/nonexistent:{env['PATH']}"}) == isaprobe.decision_digest(env)
+
+
+@pytest.mark.parametrize("change", [
+    {"OMP_NUM_THREADS": "1"}, {"TORCHINDUCTOR_COMPILE_THREADS": "1"}, {"TORCHINDUCTOR_CACHE_DIR": "/elsewhere"},
+    {"TRITON_CACHE_DIR": "/elsewhere"}, {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"},
+    {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, {"TORCH_COMPILE_JOB_ID": "x"}, {"CUDA_VISIBLE_DEVICES": "1"},
+], ids=lambda change: next(iter(change)))
+def test_the_decision_digest_ignores_what_decides_neither_the_check_nor_the_isa(
+        tmp_path: Path, change: dict[str, str]) -> None:
+    env = _base_env(tmp_path)
+    assert isaprobe.decision_digest({**env, **change}) == isaprobe.decision_digest(env)
+
+
+def test_the_decision_digest_shows_no_value(tmp_path: Path) -> None:
+    digest = isaprobe.decision_digest({**_base_env(tmp_path), "TORCHINDUCTOR_REDIS_URL": "redis://u:s3cr3t@host"})
+    assert len(digest) == 64 and int(digest, 16) >= 0
+
+
+def test_arm_offers_the_digest_to_children_and_disarm_takes_it_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(isaprobe, "MODULE", "not_imported_isa_module")
+    for before in (None, "an-outer-session's"):
+        if before is None:
+            monkeypatch.delenv(isaprobe.CHILD_ENV, raising=False)
+        else:
+            monkeypatch.setenv(isaprobe.CHILD_ENV, before)
+        hook = isaprobe.arm(lambda why: None)
+        try:
+            assert os.environ[isaprobe.CHILD_ENV] == isaprobe.decision_digest()
+        finally:
+            isaprobe.disarm(hook)
+        assert os.environ.get(isaprobe.CHILD_ENV) == before
+
+
+def test_arm_child_puts_a_gated_proxy_in_at_the_module_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "fake_child_isa.py").write_text(textwrap.dedent(f"""
+        import subprocess
+        class VecISA:
+            _avx_py_load = {NEW_FORM!r}
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(isaprobe, "MODULE", "fake_child_isa")
+    lib = library(tmp_path)
+    check(ProbeProxy(CountingSubprocess(), NEW_FORM), NEW_FORM, lib, old=False)  # the session's record
+    for offered, reused in ((isaprobe.decision_digest(), 1), ("0" * 64, 0), ("not a digest", 0)):
+        isaprobe.reset_counts()
+        hook = isaprobe.arm_child(offered)
+        try:
+            assert hook is not None and hook in sys.meta_path
+            import fake_child_isa  # type: ignore[import-not-found]
+
+            proxy = fake_child_isa.subprocess
+            assert isinstance(proxy, ProbeProxy) and hook not in sys.meta_path
+            check(proxy, NEW_FORM, lib, old=False)
+            assert isaprobe.counts() == {"reused": reused, "run": 1 - reused, "recorded": 0}, offered
+        finally:
+            isaprobe.disarm(hook)
+            sys.modules.pop("fake_child_isa", None)
+
+
+def test_a_session_in_a_child_takes_its_own_records_whoever_installed_first(tmp_path: Path) -> None:
+    """A pytest process started by another session's test: the start-up module's gated proxy may be in torch's
+    module first; the session's own arming lifts the gate (its records are its own), and a gated install after
+    the session's changes nothing."""
+    module = ModuleType("fake_cpu_vec_isa")
+    module.subprocess = CountingSubprocess()  # type: ignore[attr-defined]
+    module.VecISA = type("VecISA", (), {"_avx_py_load": NEW_FORM})  # type: ignore[attr-defined]
+    lib = library(tmp_path)
+    check(ProbeProxy(CountingSubprocess(), NEW_FORM), NEW_FORM, lib, old=False)
+    for first, second in (((lambda: False), None), (None, (lambda: False))):
+        module.subprocess = CountingSubprocess()  # type: ignore[attr-defined]
+        assert isaprobe.install(module, first) is None and isaprobe.install(module, second) is None
+        isaprobe.reset_counts()
+        check(module.subprocess, NEW_FORM, lib, old=False)
+        assert isaprobe.counts() == {"reused": 1, "run": 0, "recorded": 0}

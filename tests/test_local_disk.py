@@ -1,0 +1,417 @@
+"""The local side of a session: its scratch directory has an owner (what sessions that are gone left behind is
+removed by the next one, never what a running session uses), and a local disk that refuses a write (a full
+TMPDIR) is named as such, apart from the store's faults, in the restore, the collect and the upload.
+
+The full disk is the kernel's own: files of the scratch directory opened on ``/dev/full`` (every write fails with
+ENOSPC). A last test mounts a small tmpfs where that is allowed (root), and skips, saying why, where it is not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_megacache import bundle as bundlemod
+from pytest_megacache import report as reportmod
+from pytest_megacache import restore as restoremod
+from pytest_megacache import scratch as scratchmod
+from pytest_megacache.bundle import Entries, Entry
+from pytest_megacache.core import CacheSession
+from pytest_megacache.files import FileRoot
+from pytest_megacache.stores import LocalDirStore, Store
+
+from .conftest import fake_elf
+from .test_core import FP, KEY_A, KEY_B, FakeTorch
+
+SCRATCH = scratchmod.PREFIX
+
+
+@pytest.fixture
+def tmpdir_(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own TMPDIR (what ``tempfile`` hands out)."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def session(store: Store, root: Path) -> CacheSession:
+    return CacheSession(store_factory=lambda: store, folder=f"pytest-megacache/{FP}", fingerprint=FP,
+                        roots=[FileRoot("inductor", root)], reads=True, writes=True)
+
+
+def full_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file made in a scratch directory from now on fills up at once: its writes go to /dev/full (ENOSPC), as
+    on a full TMPDIR (making the file itself takes no room)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    real_mkstemp, real_open = tempfile.mkstemp, open
+
+    def mkstemp(suffix: Any = None, prefix: Any = None, dir: Any = None, text: bool = False) -> tuple[int, str]:
+        fd, path = real_mkstemp(suffix, prefix, dir, text)
+        if SCRATCH in str(dir):
+            os.close(fd)
+            fd = os.open("/dev/full", os.O_WRONLY)
+        return fd, path
+
+    def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if SCRATCH in str(file) and ("w" in mode or "x" in mode):
+            real_open(file, mode, *args, **kwargs).close()
+            return real_open("/dev/full", "r+b")
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(bundlemod, "open", open_, raising=False)  # write_object's files
+
+
+def scratch_files(base: Path) -> list[Path]:
+    return [p for d in base.glob(SCRATCH + "*") for p in d.rglob("*") if p.is_file() and p.name != scratchmod.OWNER]
+
+
+def stored(store_dir: Path) -> list[Entries]:
+    """Every object of the store, each decoded whole (a partial object would fail here)."""
+    return [bundlemod.decode(p.read_bytes(), FP)[1] for p in sorted(store_dir.rglob("*.mcb"))]
+
+
+# --- scratch with an owner ------------------------------------------------------------------------------------------
+HOLDER = """
+import sys, tempfile, threading, time
+from pathlib import Path
+from pytest_megacache.core import CacheSession
+from pytest_megacache.files import FileRoot
+from pytest_megacache.fsutil import write_atomic
+from pytest_megacache.stores import MemoryStore, new_object_name
+
+tempfile.tempdir, cache = sys.argv[1], sys.argv[2]
+FOLDER, FP = "pytest-megacache/fp", "fp"
+writing = threading.Event()
+
+
+def kernel():  # a kernel file being written into the cache directory, half done
+    yield b"half a kernel"
+    writing.set()
+    time.sleep(600)
+    yield b"never"
+
+
+class Slow(MemoryStore):
+    def fetch(self, folder, name, max_bytes, dest):  # an object half fetched into the scratch directory
+        dest.write(b"x" * 4096)
+        dest.flush()
+        writing.wait()
+        print(session.scratch.path(), flush=True)
+        time.sleep(600)
+
+
+store = Slow()
+store.put(FOLDER, new_object_name(), b"an object")
+threading.Thread(target=write_atomic, args=(cache + "/kernel.so", kernel()), kwargs={"lock": True}, daemon=True).start()
+session = CacheSession(store_factory=lambda: store, folder=FOLDER, fingerprint=FP, roots=[FileRoot("inductor", Path(cache))],
+                       reads=True, writes=True)
+session.start_restore(background=False)
+"""
+
+
+def start_holder(base: Path, cache: Path) -> tuple[subprocess.Popen[str], Path]:
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER), str(base), str(cache)],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line, "the holder did not start"
+    return proc, Path(line)
+
+
+@pytest.fixture
+def holders() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(os.name == "nt", reason="flock")
+def test_what_a_killed_session_left_is_removed_and_a_running_sessions_is_kept(
+        tmpdir_: Path, tmp_path: Path, holders: list[subprocess.Popen[str]]) -> None:
+    """Two sessions share a TMPDIR and a cache directory, each mid-restore (an object half fetched into its scratch,
+    a kernel half written into the cache directory); one is killed. The next session's restore removes the killed
+    one's scratch directory and its temporary file, and leaves the running one's alone, even once both files look
+    old."""
+    cache = tmp_path / "inductor"
+    cache.mkdir()
+    killed, killed_scratch = start_holder(tmpdir_, cache)
+    running, running_scratch = start_holder(tmpdir_, cache)
+    holders.extend([killed, running])
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    temps = {int(p.name.rsplit(".", 2)[-2].split("-")[0]): p for p in cache.glob(".kernel.so.*.tmp")}
+    assert set(temps) == {killed.pid, running.pid}
+    for path in temps.values():  # both untouched for a minute: only the lock tells the running writer
+        os.utime(path, (time.time() - 60, time.time() - 60))
+    unowned = tmpdir_ / (SCRATCH + "older")  # a version without owners, two days ago
+    unowned.mkdir()
+    os.utime(unowned, (time.time() - 2 * 86_400, time.time() - 2 * 86_400))
+    fresh = tmpdir_ / (SCRATCH + "being-made")  # no owner file yet: being made this instant
+    fresh.mkdir()
+
+    store = LocalDirStore(tmp_path / "store")
+    s = session(store, cache)
+    s.start_restore(background=False)
+    s.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
+
+    assert not killed_scratch.exists() and not temps[killed.pid].exists()
+    assert list(running_scratch.glob("*.mcb")) and temps[running.pid].exists()
+    assert not unowned.exists() and fresh.exists()
+    assert s.restore_stats.strays_removed == 1 and s.scratch.swept[0] == 2
+    assert s.problems == []
+    s.close()
+    assert sorted(p.name for p in tmpdir_.iterdir()) == sorted([running_scratch.name, fresh.name])
+
+
+def test_a_scratch_directory_is_locked_from_its_first_moment(tmpdir_: Path) -> None:
+    """The owner file gets its name only once it is locked: another session never finds it unlocked."""
+    one = scratchmod.Scratch()
+    path = Path(one.path())
+    assert (path / scratchmod.OWNER).read_text().split()[0] == str(os.getpid())
+    assert scratchmod.sweep(str(tmpdir_)) == (0, 0) and path.exists()  # its own process's lock is held too
+    one.close()
+    assert not path.exists()
+
+
+# --- a full TMPDIR ----------------------------------------------------------------------------------------------------
+def cold_store(tmp_path: Path, kernel: bytes = fake_elf(b"k" * 1000), store: Store | None = None) -> Store:
+    """A store (a directory's unless given) holding one object: a torch entry and a kernel file."""
+    store = store if store is not None else LocalDirStore(tmp_path / "store")
+    cold = session(store, tmp_path / "cold")
+    cold.start_restore(background=False)
+    (tmp_path / "cold" / "ab").mkdir(parents=True)
+    (tmp_path / "cold" / "ab" / "cabc.so").write_bytes(kernel)
+    cold.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
+    assert cold.upload_stats.objects == 1, cold.problems
+    cold.close()
+    return store
+
+
+def test_a_full_tmpdir_in_the_restore_is_the_local_disk_and_the_objects_are_decoded_in_memory(
+        tmpdir_: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: Store) -> None:
+    """On S3 and on a directory store alike: the store's read went well, writing it into scratch did not."""
+    store = cold_store(tmp_path, store=shared)
+    full_scratch(monkeypatch)
+    warm = session(store, tmp_path / "warm")
+    warm.start_restore(background=False)
+    [problem] = warm.problems
+    assert problem.startswith("TMPDIR full (") and "fetching" in problem and str(tmpdir_) in problem, problem
+    assert "1 object(s) decoded in memory, 0 left out" in problem
+    assert "cannot read" not in problem and "S3" not in problem
+    assert not warm.store_down and warm.restore_stats.ok and warm.restore_stats.objects_in_memory == 1
+    assert (tmp_path / "warm" / "ab" / "cabc.so").read_bytes() == fake_elf(b"k" * 1000)
+    monkeypatch.undo()  # room again: the upload goes ahead (the store was never down)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir_))
+    warm.finish(FakeTorch([KEY_A, KEY_B]))  # type: ignore[arg-type]
+    assert warm.upload_stats.objects == 1 and warm.upload_stats.reason is None
+    assert len(store.list(f"pytest-megacache/{FP}")) == 2
+
+
+def test_an_object_too_large_for_memory_is_left_out_with_the_same_one_warning(
+        tmpdir_: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = cold_store(tmp_path)
+    full_scratch(monkeypatch)
+    monkeypatch.setattr(restoremod, "IN_MEMORY_BYTES", 100)
+    warm = session(store, tmp_path / "warm")
+    warm.start_restore(background=False)
+    [problem] = warm.problems
+    assert problem.startswith("TMPDIR full (") and "0 object(s) decoded in memory, 1 left out" in problem, problem
+    assert not warm.store_down and warm.restore_stats.objects_left_out == 1 and not warm.restored
+    line = reportmod._restore_lines(warm.restore_stats, 0)[0]
+    assert "1 left out (no room in TMPDIR)" in line, line
+
+
+def test_a_full_tmpdir_while_decoding_falls_back_to_memory(
+        tmpdir_: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The object fits in scratch, its files do not (``payload`` writes them to scratch files)."""
+    store = cold_store(tmp_path)
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    real = tempfile.mkstemp
+
+    def mkstemp(suffix: Any = None, prefix: Any = None, dir: Any = None, text: bool = False) -> tuple[int, str]:
+        fd, path = real(suffix, prefix, dir, text)
+        if suffix == ".entry":
+            os.close(fd)
+            fd = os.open("/dev/full", os.O_WRONLY)
+        return fd, path
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    warm = session(store, tmp_path / "warm")
+    warm.start_restore(background=False)
+    [problem] = warm.problems
+    assert problem.startswith("TMPDIR full (") and "decoding" in problem and "1 object(s) decoded in memory" in problem
+    assert (tmp_path / "warm" / "ab" / "cabc.so").exists() and warm.restore_stats.objects_in_memory == 1
+    assert scratch_files(tmpdir_) == []  # no part of an entry left in scratch
+
+
+def test_a_full_tmpdir_in_the_upload_says_what_was_not_uploaded(
+        tmpdir_: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalDirStore(tmp_path / "store")
+    cold = session(store, tmp_path / "cold")
+    cold.start_restore(background=False)
+    full_scratch(monkeypatch)
+    cold.finish(FakeTorch([KEY_A, KEY_B]))  # type: ignore[arg-type]
+    [problem] = cold.problems
+    assert problem.startswith("TMPDIR full (") and "writing the upload's object" in problem, problem
+    assert problem.endswith("No space left on device; 2 entries (116 B raw) not uploaded"), problem
+    reason = cold.upload_stats.reason
+    assert reason is not None and reason.startswith("TMPDIR full (") and reason.endswith("not uploaded"), reason
+    assert reportmod._upload_lines(cold.upload_stats, 0) == [f"uploaded nothing: {reason}"]
+    assert stored(tmp_path / "store") == [] and scratch_files(tmpdir_) == []
+
+
+def test_a_file_left_out_of_the_upload_is_one_warning_and_a_summary_line(
+        tmpdir_: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scratch directory has no room for a collected file (the precompiled header, say): the object is
+    stored without it, and the session says so once, with the count, the bytes and the first path."""
+    store = LocalDirStore(tmp_path / "store")
+    cold = session(store, tmp_path / "cold")
+    cold.start_restore(background=False)
+    (tmp_path / "cold" / "ab").mkdir(parents=True)
+    (tmp_path / "cold" / "ab" / "cabc.so").write_bytes(fake_elf(b"k" * 5000))
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    real = tempfile.mkstemp
+
+    def mkstemp(suffix: Any = None, prefix: Any = None, dir: Any = None, text: bool = False) -> tuple[int, str]:
+        fd, path = real(suffix, prefix, dir, text)
+        if suffix == ".entry":  # the collect's copies: no room; the object itself fits
+            os.close(fd)
+            fd = os.open("/dev/full", os.O_WRONLY)
+        return fd, path
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    cold.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
+    [problem] = cold.problems
+    assert problem.startswith("TMPDIR full (") and "copying ab/cabc.so" in problem, problem
+    assert "1 file(s) (5.1 KB) left out of the upload, first ab/cabc.so: No space left on device" in problem
+    lines = reportmod._upload_lines(cold.upload_stats, 0)
+    assert "left out of the upload: 1 file (5.1 KB), first ab/cabc.so: No space left on device" in lines, lines
+    [entries] = stored(tmp_path / "store")
+    assert [e.kind for e in entries] == ["torch/inductor"]
+
+
+# --- a Dynamo entry traced again in place of a refused one --------------------------------------------------------------
+class Precompile(FakeTorch):
+    """Saves one Dynamo entry under a fixed key, with the bytes given; ``refused``: the stored one was refused when
+    loaded (as Dynamo reuse counts it)."""
+
+    def __init__(self, data: bytes, refused: bool = False) -> None:
+        self.data, self.refused = data, refused
+        super().__init__([KEY_A])
+
+    def save(self) -> bytes | None:
+        from pytest_megacache import torchfmt
+
+        return torchfmt.serialize([("inductor", KEY_A, b"graph"), ("precompile", "p" * 64, self.data)])
+
+    def counters(self) -> dict[str, int]:
+        return {**super().counters(), **({"dynamo_refused_load_failed": 1} if self.refused else {})}
+
+
+def precompile_copies(store_dir: Path) -> list[bytes]:
+    return [e.data for entries in stored(store_dir) for e in entries if e.kind == "torch/precompile"]
+
+
+def test_a_dynamo_entry_traced_again_replaces_the_refused_one_at_once(tmpdir_: Path, tmp_path: Path) -> None:
+    """A stored Dynamo entry that was refused at load is traced again under its key: the fresh one is uploaded, and
+    the upload merges, dropping the refused copy at once (else every warm run would fetch it, refuse it and
+    trace)."""
+    store = LocalDirStore(tmp_path / "store")
+    for name, torch in (("cold", Precompile(b"refused when loaded")), ("warm", Precompile(b"traced again", True))):
+        s = session(store, tmp_path / name)
+        s.start_restore(background=False)
+        s.finish(torch)  # type: ignore[arg-type]
+        assert s.problems == [], s.problems
+        s.close()
+    assert s.upload_stats.new_entries == {"torch/precompile": 1}
+    assert precompile_copies(tmp_path / "store") == [b"traced again"]
+    again = session(store, tmp_path / "again")
+    again.start_restore(background=False)
+    again.finish(Precompile(b"traced again"))  # type: ignore[arg-type]
+    assert again.upload_stats.reason == "nothing new"
+
+
+def test_a_dynamo_entry_that_grew_is_uploaded_and_wins_merged_at_the_next_merge(tmpdir_: Path, tmp_path: Path) -> None:
+    """Without a refusal (a variant added to an installed entry), the grown entry is uploaded and is the one a
+    restore takes; the older copy goes at the next merge, as overlapping objects do."""
+    store = LocalDirStore(tmp_path / "store")
+    for name, data in (("cold", b"one variant"), ("warm", b"two variants")):
+        s = session(store, tmp_path / name)
+        s.start_restore(background=False)
+        s.finish(Precompile(data))  # type: ignore[arg-type]
+        s.close()
+    assert sorted(precompile_copies(tmp_path / "store")) == [b"one variant", b"two variants"]
+    merge = session(store, tmp_path / "merge")
+    merge.start_restore(background=False)
+    assert merge.restored.get(("torch/precompile", "p" * 64)) == Entry("torch/precompile", "p" * 64, b"two variants")
+    merge.finish(Precompile(b"two variants"))  # type: ignore[arg-type]
+    assert merge.upload_stats.converged == 2 and precompile_copies(tmp_path / "store") == [b"two variants"]
+
+
+def test_entries_whose_newest_copy_wins() -> None:
+    old, new = Entry("torch/precompile", "k", b"old"), Entry("torch/precompile", "k", b"new")
+    merged = Entries([old])
+    merged.merge([new])
+    assert merged.get(old.ident) == new
+    assert list(Entries([new]).minus(Entries([old]))) == [new]
+    assert list(Entries([Entry("torch/inductor", "k", b"b")]).minus(Entries([Entry("torch/inductor", "k", b"a")]))) == []
+
+
+# --- a real small file system -----------------------------------------------------------------------------------------
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs, where this process may mount one (root on Linux); skipped, saying why, elsewhere."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if not sys.platform.startswith("linux") or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs Linux and mount(8)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()[:120] or done.returncode}); the /dev/full "
+                    "tests above stand for it")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_on_a_small_tmpfs_restore_and_upload_each_warn_once_and_store_nothing_partial(
+        small_tmpfs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    big = fake_elf(os.urandom(3 << 20))  # incompressible: its object does not fit in 2 MB either
+    store = cold_store(tmp_path, big)
+    monkeypatch.setattr(tempfile, "tempdir", str(small_tmpfs))
+    warm = session(store, tmp_path / "warm")
+    warm.start_restore(background=False)
+    [problem] = warm.problems
+    assert problem.startswith("TMPDIR full (") and "1 object(s) decoded in memory" in problem, problem
+    assert (tmp_path / "warm" / "ab" / "cabc.so").read_bytes() == big and not warm.store_down
+    (tmp_path / "warm" / "cd").mkdir()
+    (tmp_path / "warm" / "cd" / "cdef.so").write_bytes(fake_elf(os.urandom(3 << 20)))
+    warm.finish(FakeTorch([KEY_A, KEY_B]))  # type: ignore[arg-type]
+    [_, left_out] = warm.problems
+    assert left_out.startswith("TMPDIR full (") and "1 file(s) (3.1 MB) left out of the upload, first cd/cdef.so" in left_out
+    assert warm.upload_stats.objects == 1
+    objects = stored(tmp_path / "store")  # each one whole
+    assert len(objects) == 2 and not any(e.name == "cd/cdef.so" for entries in objects for e in entries)
+    warm.close()
+    assert list(small_tmpfs.iterdir()) == []
