@@ -7,6 +7,7 @@ follows it (attribute and item lookups, ``type()``, and ``dict()`` or the keys o
 from __future__ import annotations
 
 import re
+import sys
 import types
 from typing import Any
 
@@ -14,7 +15,8 @@ Step = tuple[str, str]
 
 _ROOT = re.compile(r"(?P<scope>[GL])\[(?P<q>['\"])(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P=q)\]")
 _ATTR = re.compile(r"\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)")
-_KEY = re.compile(r"\[(?P<q>['\"])(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?P=q)\]")
+_KEY = re.compile(r"\[(?P<q>['\"])(?P<key>[A-Za-z0-9_][A-Za-z0-9_.]*)(?P=q)\]")
+_IMPORT = re.compile(r"__import__\((?P<q>['\"])(?P<name>[A-Za-z_][A-Za-z0-9_.]*)(?P=q)\)")
 _INDEX = re.compile(r"\[(?P<index>\d{1,4})\]")
 _CALLS = ("type", "dict", "list(dict.keys")
 _ROOTS = {"G": "global", "L": "local"}
@@ -34,6 +36,8 @@ def _parse(name: str, pos: int) -> tuple[list[Step], int] | None:
     root = _ROOT.match(name, pos)
     if root is not None:
         steps, pos = [(_ROOTS[root.group("scope")], root.group("name"))], root.end()
+    elif (imported := _IMPORT.match(name, pos)) is not None:
+        steps, pos = [("module", imported.group("name"))], imported.end()
     else:
         call = next((c for c in _CALLS if name.startswith(f"{c}(", pos)), None)
         if call is None:
@@ -44,6 +48,13 @@ def _parse(name: str, pos: int) -> tuple[list[Step], int] | None:
             return None
         steps, pos = [*inner[0], ("keys" if call.startswith("list") else call, "")], inner[1] + len(closing)
     while pos < len(name):
+        if name.startswith("[list(dict.keys(", pos) and (inner := _parse(name, pos + 1)) is not None \
+                and name.startswith("]", inner[1]) and inner[0][:-2] == steps and inner[0][-2] == ("keys", "") \
+                and inner[0][-1][0] == "index":
+            # d[list(dict.keys(d))[n]]: the value of the n-th key
+            steps.append(("value", inner[0][-1][1]))
+            pos = inner[1] + 1
+            continue
         if (attr := _ATTR.match(name, pos)) is not None:
             steps.append(("attr", attr.group("attr")))
         elif (key := _KEY.match(name, pos)) is not None:
@@ -57,13 +68,14 @@ def _parse(name: str, pos: int) -> tuple[list[Step], int] | None:
 
 
 def rooted_at(steps: list[Step]) -> str:
-    """"global" or "local"."""
-    return steps[0][0]
+    """"global" or "local" (a module imported by name counts as global: it is found the same way at load)."""
+    return "local" if steps[0][0] == "local" else "global"
 
 
 def resolve(steps: list[Step], scope: dict[str, Any]) -> Any:
-    """The object a parsed path names, from ``scope`` (the globals or the locals its root names)."""
-    obj = scope[steps[0][1]]
+    """The object a parsed path names, from ``scope`` (the globals or the locals its root names; a module root
+    ``__import__('m')`` names an imported module: nothing is imported here)."""
+    obj = sys.modules[steps[0][1]] if steps[0][0] == "module" else scope[steps[0][1]]
     for kind, name in steps[1:]:
         obj = step(obj, kind, name)
     return obj
@@ -85,6 +97,10 @@ def step(obj: Any, kind: str, name: str) -> Any:
         return obj[int(name)]
     if kind == "type":
         return type(obj)
+    if kind == "value":
+        if not isinstance(obj, dict):
+            raise TypeError(f"the values of a {type(obj).__qualname__}")
+        return list(obj.values())[int(name)]
     if kind in ("dict", "keys"):
         if not isinstance(obj, (dict, types.MappingProxyType)):
             raise TypeError(f"{kind}() of a {type(obj).__qualname__}")
@@ -93,7 +109,10 @@ def step(obj: Any, kind: str, name: str) -> Any:
 
 
 def path_text(steps: list[Step]) -> str:
-    text = f"{'G' if steps[0][0] == 'global' else 'L'}[{steps[0][1]!r}]"
+    if steps[0][0] == "module":
+        text = f"__import__({steps[0][1]!r})"
+    else:
+        text = f"{'G' if steps[0][0] == 'global' else 'L'}[{steps[0][1]!r}]"
     for kind, name in steps[1:]:
         if kind == "attr":
             text += f".{name}"
@@ -101,6 +120,8 @@ def path_text(steps: list[Step]) -> str:
             text += f"[{name!r}]"
         elif kind == "index":
             text += f"[{name}]"
+        elif kind == "value":
+            text = f"{text}[list(dict.keys({text}))[{name}]]"
         elif kind == "keys":
             text = f"list(dict.keys({text}))"
         else:

@@ -16,7 +16,9 @@ qualname and a digest of its definition and of every class it inherits from (an 
 A local that *is* the guarded function or class (``L['func']``) but that torch's pickle cannot name (the function
 behind a decorator, whose qualname names the wrapper) is found again by its description (through ``__wrapped__``
 and classes' ``__dict__``) and put in the loaded locals, so the guard is rebuilt on the object that the frame will
-see; at save, such an object must be found again by that description, or the guard is not provable.
+see; at save, such an object must be found again by that description, or the guard is not provable. Deeper in a
+path (a class's member), the loaded locals reach the loading process's own objects: a function made by a factory
+(``<locals>``) is described there by its code and what its cells hold.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def prove_local(name: str, steps: list[Step], obj: Any, scope: dict[str, Any]) -
     if what is None:
         kind = getattr(obj, "__qualname__", type(obj).__qualname__)
         raise Refused("unsupported_guard", f"an identity guard on {name}, {kind}, which has no stable name")
-    if what[0] in ("function", "class") and find(what) is not obj:
+    if len(steps) == 1 and what[0] in ("function", "class") and find(what) is not obj:
         raise Refused("unsupported_guard", f"an identity guard on {name}, which its module and qualname do not name")
     return {"path": steps, "is": what}
 

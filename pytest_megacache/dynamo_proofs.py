@@ -28,6 +28,7 @@ __all__ = ["Refused", "check_proofs", "code_digest", "describe", "describe_membe
            "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "unpack_guards"]
 
 _MAGIC = b"megacache-guards-2\n"
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
 _ID_PREFIX = b"pytest-megacache dynamo entry 2\0"
 
 
@@ -72,6 +73,8 @@ def prove_class(name: str, cls: type) -> dict[str, Any]:
     """The proof stored for a guard on the type of ``name`` (``TYPE_MATCH``): torch rebuilds it on the class its
     module and qualname name at load, which must have the same definition (an edited or ``monkeypatch``-ed method
     refuses it)."""
+    if not cls.__flags__ & _HEAP_TYPE:
+        return {}  # a class defined in C (``dict``, ``mappingproxy``): fixed by the build, which is in the key
     what = describe(cls)
     if what is None or find(what) is not cls:
         raise Refused("unsupported_guard", f"a guard on the type of {name}, {cls.__qualname__}, which has no name")

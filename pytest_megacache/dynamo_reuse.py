@@ -92,6 +92,8 @@ class _Reuse:
         # Frames (file, first line, name) of which a trace showed a warning: no entry holding one is written, though
         # another variant of it was traced without (under other warning filters, say).
         self.side_effects: set[tuple[str, int, str]] = set()
+        # key -> the packages recorded under it in this process and their latest entries
+        self.recorded: dict[str, dict[int, tuple[Any, Any]]] = {}
         self.reasons: dict[str, str] = {}
 
     def count(self, name: str, n: int = 1) -> None:
@@ -228,7 +230,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
                         # torch stores only the builtins its BUILTIN_MATCH guards name; a proven identity guard
                         # on a builtin needs it in the stored scope too, where the guard is rebuilt on load
                         self.used_builtin_vars.add(steps[1][1])
-            proofs.extend(prove_class(name, cls) for name, cls in classes.values())
+            proofs.extend(proof for name, cls in classes.values() if (proof := prove_class(name, cls)))
         except Refused as exc:
             state.refuse(exc.reason, str(exc))
             raise torch._dynamo.exc.PackageError(str(exc)) from None
@@ -374,6 +376,11 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # its frame has no stored backend then, and is traced in a later run.
     _bundling_fails_open(state)
 
+    # Saving: every wrapper of one function is one entry. torch keeps the last package recorded under a key (a
+    # function's source id), so where a suite wraps one function in torch.compile more than once (a test per
+    # parameter, a fresh wrapper per test) the variants the earlier wrappers traced would be lost.
+    _packages_merged(state, cache)
+
     # Saving: one entry that does not pickle costs that entry only.
     write = cache.write
 
@@ -387,6 +394,65 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
 
     cache.write = write_each
+
+
+def _packages_merged(state: _Reuse, cache: Any) -> None:
+    record = getattr(cache, "record_package", None)
+    try:
+        from torch._dynamo.precompile_context import PrecompileContext
+    except Exception:  # noqa: BLE001 - another layout: torch's own behaviour
+        return
+    entries = getattr(PrecompileContext, "_dynamo_cache_entries", None)
+    if record is None or not isinstance(entries, dict):
+        return
+
+    def record_package(package: Any) -> None:
+        record(package)
+        try:
+            key = package.source_id
+            latest = entries.get(key)
+            if latest is None:
+                return
+            per_package = state.recorded.setdefault(key, {})
+            per_package[id(package)] = (package, latest)  # the package itself kept: its id is not reused
+            if len(per_package) > 1:
+                entries[key] = _merged([entry for _package, entry in per_package.values()])
+        except Exception as exc:  # noqa: BLE001 - the last package alone, as torch keeps it
+            state.refuse("torch_error", f"packages of one function not merged: {type(exc).__name__}: {exc}")
+
+    cache.record_package = record_package
+
+
+def _merged(entries: list[Any]) -> Any:
+    """One dynamo cache entry holding every variant of several packages of one function: the function's own code
+    with every package's guarded variants, imports and backends (bypassed if any package bypassed it), and every
+    package's resume functions, whose names are unique in a process."""
+    import dataclasses
+
+    first, *others = entries
+    main = first.codes[0]
+    guarded, backends = list(main.guarded_codes), list(main.backend_ids)
+    imports, bypassed = dict(main.import_sources), main.bypassed
+    rest = list(first.codes[1:])
+    for other in others:
+        theirs = other.codes[0]
+        if code_digest(package_code(theirs)) != code_digest(package_code(main)) \
+                or theirs.python_module != main.python_module:
+            raise ValueError("packages of one key hold other code")
+        guarded += theirs.guarded_codes
+        backends += [b for b in theirs.backend_ids if b not in backends]
+        imports.update(theirs.import_sources)
+        bypassed = bypassed or theirs.bypassed
+        rest += other.codes[1:]
+    merged_main = dataclasses.replace(main, guarded_codes=guarded, backend_ids=backends, import_sources=imports,
+                                      bypassed=bypassed)
+    return dataclasses.replace(first, codes=[merged_main, *rest])
+
+
+def package_code(entry: Any) -> Any:
+    from torch._dynamo.package import SerializedCode
+
+    return SerializedCode.to_code_object(entry.python_code)
 
 
 def _autograd_cache() -> Any:

@@ -194,6 +194,10 @@ def uses_sin(x):
     return torch.sin(x) + 2
 
 
+def two_wrappers(x):
+    return torch.cos(x) * 3
+
+
 class MyTensor(torch.Tensor):
     pass
 
@@ -359,6 +363,11 @@ def test_module_attribute_rebound(monkeypatch):
     same(torch.compile(edits.uses_sin), edits.uses_sin, X)
 
 
+def test_one_function_in_two_wrappers():
+    same(torch.compile(edits.two_wrappers), edits.two_wrappers, X)
+    same(torch.compile(edits.two_wrappers), edits.two_wrappers, X.double())  # the second wrapper's own variant
+
+
 def test_a_warning_shown_while_traced():
     with pytest.warns(UserWarning, match="shown while traced"):
         torch.testing.assert_close(torch.compile(edits.warns_when_traced)(X), X + 1)
@@ -484,7 +493,7 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (25, 0), (name, run.result.outlines[-80:])
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (26, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -499,7 +508,8 @@ class TestDynamoReuse:
         assert _counters(warm)["dynamo_reused"] >= 5, _counters(warm)
         for test in ("test_unchanged", "test_same_name_same_line_in_two_modules", "test_decorated_at_import",
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
-                     "test_function_passed_as_argument", "test_type_of_a_tensor_unchanged"):
+                     "test_function_passed_as_argument", "test_type_of_a_tensor_unchanged",
+                     "test_one_function_in_two_wrappers"):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
 
     def test_changed_code_is_traced_again(self, reuse_chain: ReuseChain) -> None:

@@ -95,6 +95,9 @@ def test_an_entry_id_is_the_function_behind_a_bound_method() -> None:
     ("type(G['x'].dataclasses.MISSING)", [("global", "x"), ("attr", "dataclasses"), ("attr", "MISSING"),
                                           ("type", "")]),
     ("list(dict.keys(G['handlers']))[0]", [("global", "handlers"), ("keys", ""), ("index", "0")]),
+    ("__import__('torch').utils._pytree", [("module", "torch"), ("attr", "utils"), ("attr", "_pytree")]),
+    ("type(L['seq']._modules['0'])", [("local", "seq"), ("attr", "_modules"), ("key", "0"), ("type", "")]),
+    ("G['m'].handlers[list(dict.keys(G['m'].handlers))[3]]", [("global", "m"), ("attr", "handlers"), ("value", "3")]),
     ("G['f'].__closure__[0].cell_contents", [("global", "f"), ("attr", "__closure__"), ("index", "0"),
                                               ("attr", "cell_contents")]),
     ("G['torch'].nn.functional.relu", [("global", "torch"), ("attr", "nn"), ("attr", "functional"),
@@ -107,7 +110,8 @@ def test_paths_from_the_globals_parse(name: str, steps: list[tuple[str, str]]) -
 
 
 @pytest.mark.parametrize("name", ["___odict_getitem(G['d'], 'k')", "G['x'].y + 1", "len(L['x'])", "type(L['x']",
-                                  "S['x']", "G['x'][-1]"])
+                                  "S['x']", "G['x'][-1]",
+                                  "G['a'][list(dict.keys(G['b']))[0]]"])
 def test_other_sources_do_not_parse(name: str) -> None:
     assert dp.parse_path(name) is None
 
@@ -312,3 +316,28 @@ def test_an_extension_function_is_described_as_a_modules_member() -> None:
     assert dp.describe_member(owner, "get_state", abs) != member  # another builtin bound to that name
     assert dp.describe_member(types.SimpleNamespace(), "get_state", len) is None  # not a module's attribute
     assert dp.describe_member(owner, "get_state", lambda x: x) is None  # a Python function is described by code
+
+
+def test_the_class_under_a_type_guard_is_proven_by_name_and_definition(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _module(monkeypatch)
+    proof = dp.prove_class("L['s']", lib.State)
+    dp.check_proofs(_stored(proof), {}, {})
+    monkeypatch.setattr(lib.State, "scale", lambda self, k: self.a - k)
+    with pytest.raises(dp.Refused) as rebound:
+        dp.check_proofs(_stored(proof), {}, {})
+    assert rebound.value.reason == "class_changed"
+    assert dp.prove_class("L['d']", type(vars(lib.State))) == {}  # mappingproxy: defined in C, nothing to prove
+    with pytest.raises(dp.Refused):
+        dp.prove_class("L['s']", lib.make_local_class())
+
+
+def test_a_factorys_function_reached_through_a_class_is_proven_by_code_and_cells(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _module(monkeypatch)
+    made = lib.deco(lib.make_local_class)  # a wrapper made at run time: no name finds it again
+    monkeypatch.setattr(lib.State, "made", made, raising=False)
+    name = "dict(type(L['s']).__dict__)['made']"
+    proof = dp.prove(name, made, {}, {"s": lib.State(1)})
+    dp.check_proofs(_stored(proof), {}, {"s": lib.State(1)})
+    with pytest.raises(dp.Refused):  # the root itself must be found by name: the loaded local cannot be
+        dp.prove("L['f']", made, {}, {"f": made})
