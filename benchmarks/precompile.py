@@ -29,7 +29,10 @@ with ``--device cuda`` its GPU tests but the max-autotune one (``tests -m gpu -k
 generated suite shaped like suites where Dynamo is most of a warm run: many tests (``--tests``, 30 by default),
 each compiling two small functions full of Python-level work (dicts, loops, inlined helpers) after
 ``torch._dynamo.reset()``; ``varied``, run.py's suite of small functions of 13 kinds (``benchmarks/varied.py``,
-``--tests`` of them).
+``--tests`` of them); ``suite``, any project's tests: ``--suite DIR --suite-args "tests/compile"`` (run in DIR,
+with the interpreter running this script, so the project and the plugin must be importable there).
+
+Each run's outcomes are compared test by test with the plain run's, and the table says how many differ.
 """
 
 from __future__ import annotations
@@ -204,7 +207,7 @@ def dynamo_workload(tests: int) -> str:
 
 LOAD, UNLOAD, _INSTALLED = plugin_args()
 MISS_NAMES = ("fxgraph_cache_miss", "autograd_cache_miss", "dynamo_cache_miss")
-MODES = ("plain", "eager", "cold", "warm", "cold-pc", "warm-pc")
+MODES = ("plain", "eager", "cold", "warm", "cold-pc", "warm-pc", "warm2-pc")
 BENCH_DIR = Path(__file__).resolve().parent
 
 
@@ -229,6 +232,7 @@ class Run:
     errors: int = 0
     skipped: int = 0
     failures: list[str] = field(default_factory=list)  # "nodeid: error line"
+    outcomes: dict[str, str] = field(default_factory=dict)  # nodeid -> passed / failed / error / skipped
     compile_seconds: float | None = None
     counters: dict[str, int] = field(default_factory=dict)
     new_entries: dict[str, int] = field(default_factory=dict)
@@ -275,10 +279,13 @@ def read_junit(path: Path, run: Run) -> None:
                 run.errors += 1
             message = (bad.get("message") or bad.text or "").strip().splitlines()
             run.failures.append(f"{nodeid} ({kind}): {message[0][:300] if message else '?'}")
+            run.outcomes[nodeid] = kind
         elif case.find("skipped") is not None:
             run.skipped += 1
+            run.outcomes[nodeid] = "skipped"
         else:
             run.passed += 1
+            run.outcomes[nodeid] = "passed"
 
 
 def read_report(path: Path, run: Run) -> None:
@@ -391,6 +398,7 @@ def bench(wl: Workload, repeats: int, work: Path, logs: Path) -> list[Run]:
         print(f"[{wl.name}] repeat {i + 1}/{repeats}", flush=True)
         stores = {"": work / f"store-{wl.name}-default-r{i}", "-pc": work / f"store-{wl.name}-precompile-r{i}"}
         for mode in MODES:
+            # warm2-pc: a second warm run from the store that cold-pc filled and warm-pc added to
             store = None if mode in ("plain", "eager") else stores["-pc" if mode.endswith("-pc") else ""]
             runs.append(pytest_run(wl, mode, i, work, store, logs))
     return runs
@@ -417,7 +425,7 @@ def valid(runs: list[Run], r: Run) -> bool:
         return False
     if not r.mode.startswith("warm"):
         return True
-    cold = r.mode.replace("warm", "cold")
+    cold = r.mode.replace("warm2", "cold").replace("warm", "cold")
     return any(c.ok for c in runs if c.workload == r.workload and c.repeat == r.repeat and c.mode == cold)
 
 
@@ -452,6 +460,18 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
         x, y = median(by_mode[a], key), median(by_mode[b], key)
         return "n/a" if x is None or not y else f"{x / y:.2f}"
 
+    def frames(r: Run) -> float | None:
+        """Frames Dynamo traced: every compile of a run without reuse; those it traced with reuse."""
+        return float(r.counter("dynamo_traced")) if r.mode.endswith("-pc") else r.compiles
+
+    print(f"frames traced: warm-pc/warm {ratio('warm-pc', 'warm', frames)}, warm2-pc/warm {ratio('warm2-pc', 'warm', frames)}")
+    for mode in ("warm-pc", "warm2-pc"):
+        refused: dict[str, float] = {}
+        for name in sorted({k for r in by_mode[mode] for k in r.counters if k.startswith("dynamo_refused_")}):
+            n = median(by_mode[mode], lambda r, name=name: r.counter(name))
+            if n:
+                refused[name.removeprefix("dynamo_refused_")] = n
+        print(f"{mode} refusals: {', '.join(f'{k} {v:g}' for k, v in refused.items()) or 'none'}")
     print(f"warm-pc/warm: compile seconds {ratio('warm-pc', 'warm', lambda r: r.compile_seconds)}, "
           f"Dynamo seconds {ratio('warm-pc', 'warm', lambda r: r.dynamo_seconds)}, "
           f"session wall {ratio('warm-pc', 'warm', lambda r: r.wall)}")
@@ -461,6 +481,14 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
           f"{ratio('warm-pc', 'plain', lambda r: r.wall)}")
     print(f"against eager (TORCHDYNAMO_DISABLE=1): warm/eager wall {ratio('warm', 'eager', lambda r: r.wall)}, "
           f"warm-pc/eager wall {ratio('warm-pc', 'eager', lambda r: r.wall)}")
+    plain = [r for r in mine if r.mode == "plain"]
+    for r in mine:
+        if r.mode in ("plain", "eager") or not plain:
+            continue
+        changed = sorted(t for t, o in r.outcomes.items() if plain[0].outcomes.get(t, o) != o)
+        changed += sorted(t for t in plain[0].outcomes if t not in r.outcomes)
+        print(f"{r.mode} (repeat {r.repeat + 1}): {len(changed)} outcomes differ from plain's"
+              + (f": {', '.join(changed[:5])}" if changed else ""))
     seen: set[str] = set()
     for r in mine:
         if r.ok and not valid(mine, r):
@@ -477,7 +505,9 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workload", choices=("small", "dynamo", "varied", "example", "all"), default="small")
+    parser.add_argument("--workload", choices=("small", "dynamo", "varied", "example", "suite", "all"), default="small")
+    parser.add_argument("--suite", type=Path, help="suite workload: the folder to run pytest in (a project's tests)")
+    parser.add_argument("--suite-args", default="", help="suite workload: pytest's arguments there (split on spaces)")
     parser.add_argument("--tests", type=int, default=30,
                         help="tests of the dynamo and varied workloads (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -487,13 +517,16 @@ def main() -> None:
                         help="where the full output of failed pytest runs is kept (default: %(default)s)")
     opts = parser.parse_args()
     names = ["small", "dynamo", "example"] if opts.workload == "all" else [opts.workload]
-    if opts.device == "cuda" and names != ["example"]:
+    if opts.workload == "suite" and opts.suite is None:
+        parser.error("--workload suite needs --suite DIR")
+    if opts.device == "cuda" and names not in (["example"], ["suite"]):
         parser.error("--device cuda runs the example workload only: pass --workload example")
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="megacache-precompile-") as tmp:
         base = Path(tmp)
         for name in names:
-            wl = make_workload(name, base, opts.device, opts.tests)
+            wl = (Workload("suite", opts.suite.resolve(), opts.suite_args.split()) if name == "suite"
+                  else make_workload(name, base, opts.device, opts.tests))
             runs += bench(wl, opts.repeats, base / f"work-{name}", opts.logs)
     for name in names:
         table(name, runs, opts.repeats)

@@ -1,97 +1,35 @@
 """What Dynamo reuse (:mod:`pytest_megacache.dynamo_reuse`) checks a stored entry against, without torch:
 
-- **Code.** :func:`code_digest` is a digest of everything in a code object that decides what it does, compared
-  recursively (bytecode, constants including nested code, names, variable names, flags); :func:`source_id` is a
-  compiled function's entry id: its module, path relative to the rootdir, qualname, first line and code digest.
-- **Identity guards on globals.** :func:`prove` builds the proof stored for a guard on the identity of a global
-  reached by a path of attributes and keys from the module's globals (:func:`parse_path`, :func:`resolve`): what
-  that object was (:func:`describe`). :func:`pack_guards` stores the proofs with torch's guard state and
-  :func:`unpack_guards` reads them back; :func:`check_proofs` checks them against the objects the paths name now.
+- **Code.** :func:`source_id` is a compiled function's entry id: its module, path relative to the rootdir,
+  qualname, first line and code digest (:mod:`~pytest_megacache.dynamo_objects`).
+- **Identity guards.** :func:`prove` builds the proof stored for a guard on the identity of an object reached by a
+  path (:mod:`~pytest_megacache.dynamo_paths`) from the frame's globals
+  (:mod:`~pytest_megacache.dynamo_proof_globals`) or locals (:mod:`~pytest_megacache.dynamo_proof_locals`): what
+  that object was. :func:`pack_guards` stores the proofs with torch's guard state and :func:`unpack_guards` reads
+  them back; :func:`check_proofs` checks them against the objects the paths name when the entry is loaded.
 
 What cannot be proven, or no longer holds, raises :class:`Refused`.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import os
-import re
-import types
+from collections.abc import Callable
 from typing import Any
 
-_MAGIC = b"megacache-guards-1\n"
-_ID_PREFIX = b"pytest-megacache dynamo entry 1\0"
-# A guard's source as Dynamo names it, when it is a path from the module's globals: G['name'] then .attr / ['key'].
-_PATH_HEAD = re.compile(r"G\[(?P<q>['\"])(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P=q)\]")
-_PATH_STEP = re.compile(r"\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\[(?P<q>['\"])(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?P=q)\]")
+from .dynamo_objects import Refused, code_digest, describe, describe_member, find, function_of
+from .dynamo_paths import parse_path, path_text, resolve, rooted_at
+from .dynamo_proof_globals import check_global, prove_global
+from .dynamo_proof_locals import check_local, prove_local
 
+__all__ = ["Refused", "check_proofs", "code_digest", "describe", "describe_member", "find", "function_of",
+           "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "unpack_guards"]
 
-class Refused(Exception):
-    """A frame's entry is not used (or not stored); ``reason`` is one of
-    :data:`pytest_megacache.dynamo_reuse.REFUSALS`."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
-# --- what a code object is, compared recursively ----------------------------------------------------------------
-def _feed_const(h: Any, value: object) -> None:
-    if isinstance(value, types.CodeType):
-        h.update(b"code{")
-        _feed_code(h, value)
-        h.update(b"}")
-    elif isinstance(value, (tuple, list)):
-        h.update(f"{type(value).__name__}{len(value)}(".encode())
-        for item in value:
-            _feed_const(h, item)
-        h.update(b")")
-    elif isinstance(value, frozenset):  # a string set's order follows the hash seed
-        h.update(f"frozenset{len(value)}(".encode())
-        for text in sorted(_const_text(item) for item in value):
-            h.update(text.encode("utf-8", "surrogatepass") + b"\0")
-        h.update(b")")
-    else:
-        h.update(_const_text(value).encode("utf-8", "surrogatepass") + b"\0")
-
-
-def _const_text(value: object) -> str:
-    if isinstance(value, types.CodeType):
-        h = hashlib.sha256()
-        _feed_code(h, value)
-        return "code:" + h.hexdigest()
-    if isinstance(value, (tuple, list, frozenset)):
-        h = hashlib.sha256()
-        _feed_const(h, value)
-        return f"{type(value).__name__}:" + h.hexdigest()
-    return f"{type(value).__qualname__}:{value!r}"
-
-
-def _feed_code(h: Any, code: types.CodeType) -> None:
-    for attr in ("co_name", "co_qualname", "co_firstlineno", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount",
-                 "co_flags", "co_names", "co_varnames", "co_freevars", "co_cellvars"):
-        h.update(f"{attr}={getattr(code, attr, None)!r}\0".encode("utf-8", "surrogatepass"))
-    h.update(code.co_code)
-    h.update(b"\0exc\0" + bytes(getattr(code, "co_exceptiontable", b"")))
-    h.update(f"\0consts{len(code.co_consts)}\0".encode())
-    for const in code.co_consts:
-        _feed_const(h, const)
-
-
-def code_digest(code: types.CodeType) -> str:
-    """A digest of everything in a code object that decides what it does (not its file's absolute path, nor the
-    line numbers of its body, which torch checks through its inlined sources' checksums)."""
-    h = hashlib.sha256()
-    _feed_code(h, code)
-    return h.hexdigest()
-
-
-def function_of(fn: Any) -> Any:
-    """The plain function behind a bound method (an ``nn.Module``'s forward); ``fn`` is what torch's
-    ``innermost_fn`` returned, the function whose code Dynamo caches on."""
-    return getattr(fn, "__func__", fn)
+_MAGIC = b"megacache-guards-2\n"
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
+_ID_PREFIX = b"pytest-megacache dynamo entry 2\0"
 
 
 def _relative_file(filename: str, rootdir: str) -> str:
@@ -117,100 +55,48 @@ def source_id(fn: Any, rootdir: str) -> str:
     return h.hexdigest()
 
 
-# --- proofs for identity guards on globals ----------------------------------------------------------------------
-def parse_path(name: str) -> list[tuple[str, str]] | None:
-    """``G['torch'].nn['x']`` -> [("global", "torch"), ("attr", "nn"), ("key", "x")]; None for any other source."""
-    head = _PATH_HEAD.match(name)
-    if head is None:
-        return None
-    steps = [("global", head.group("name"))]
-    pos = head.end()
-    while pos < len(name):
-        step = _PATH_STEP.match(name, pos)
-        if step is None:
-            return None
-        steps.append(("attr", step.group("attr")) if step.group("attr") else ("key", step.group("key")))
-        pos = step.end()
-    return steps
-
-
-def resolve(steps: list[tuple[str, str]], scope: dict[str, Any]) -> Any:
-    """The object a parsed path names in a module's globals (no code runs but attribute and item lookups)."""
-    kind, name = steps[0]
-    obj = scope[name]
-    for kind, name in steps[1:]:
-        obj = getattr(obj, name) if kind == "attr" else obj[name]
-    return obj
-
-
-def describe(obj: Any) -> list[str] | None:
-    """What an object is, as far as the same description in another process means the same object; None when
-    nothing stable describes it (then its identity guard cannot be proven)."""
-    if obj is None or obj is True or obj is False or obj is Ellipsis or obj is NotImplemented:
-        return ["const", repr(obj)]
-    if isinstance(obj, types.ModuleType):
-        return ["module", obj.__name__]
-    if isinstance(obj, types.CodeType):
-        return ["code", code_digest(obj)]
-    if isinstance(obj, types.FunctionType):
-        if "<locals>" in obj.__qualname__ or obj.__closure__:
-            return None
-        return ["function", str(obj.__module__), obj.__qualname__, code_digest(obj.__code__)]
-    if isinstance(obj, type):
-        if "<locals>" in obj.__qualname__:
-            return None
-        return ["class", str(obj.__module__), obj.__qualname__]
-    if isinstance(obj, enum.Enum):
-        return ["enum", str(type(obj).__module__), type(obj).__qualname__, obj.name]
-    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodDescriptorType,
-                        types.WrapperDescriptorType, types.ClassMethodDescriptorType)):
-        module = getattr(obj, "__module__", None)
-        qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-        owner = getattr(obj, "__self__", None)
-        if isinstance(owner, types.ModuleType):
-            module = module or owner.__name__
-        elif owner is not None and not isinstance(owner, type):
-            return None  # a method bound to an instance: that instance has no stable name
-        if not module or not qualname:
-            return None
-        return ["builtin", str(type(obj).__qualname__), str(module), str(qualname)]
-    return None
-
-
-def prove(name: str, obj: Any, scope: dict[str, Any]) -> dict[str, Any]:
-    """The proof stored for an identity guard on ``name`` (whose object is ``obj``); raises :class:`Refused`."""
+# --- proofs for identity guards ---------------------------------------------------------------------------------
+def prove(name: str, obj: Any, scope: dict[str, Any], local_scope: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The proof stored for an identity guard on ``name`` (whose object is ``obj``), from the frame's globals
+    (``scope``) or locals; raises :class:`Refused`."""
     steps = parse_path(name)
     if steps is None:
-        raise Refused("unsupported_guard", f"an identity guard on {name}, which is not a path from the globals")
-    try:
-        same = resolve(steps, scope) is obj
-    except Exception:  # noqa: BLE001 - a path that does not resolve the same way cannot be proven
-        same = False
-    if not same:
-        raise Refused("unsupported_guard", f"an identity guard on {name} that its path does not reach")
-    what = describe(obj)
-    if what is None:
-        raise Refused("unsupported_guard", f"an identity guard on {name}, a {type(obj).__qualname__}")
-    return {"path": steps, "is": what}
+        raise Refused("unsupported_guard", f"an identity guard on {name}, a source no proof reads")
+    if rooted_at(steps) == "global":
+        return prove_global(name, steps, obj, scope)
+    if local_scope is None:
+        raise Refused("unsupported_guard", f"an identity guard on {name}, without the frame's locals")
+    return prove_local(name, steps, obj, local_scope)
 
 
-def check_proofs(proofs: list[dict[str, Any]], scope: dict[str, Any]) -> None:
-    """Raises :class:`Refused` unless every proof's path names an object described as stored."""
+def prove_class(name: str, cls: type) -> dict[str, Any]:
+    """The proof stored for a guard on the type of ``name`` (``TYPE_MATCH``): torch rebuilds it on the class its
+    module and qualname name at load, which must have the same definition (an edited or ``monkeypatch``-ed method
+    refuses it)."""
+    if not cls.__flags__ & _HEAP_TYPE:
+        return {}  # a class defined in C (``dict``, ``mappingproxy``): fixed by the build, which is in the key
+    what = describe(cls)
+    if what is None or find(what) is not cls:
+        raise Refused("unsupported_guard", f"a guard on the type of {name}, {cls.__qualname__}, which has no name")
+    return {"class": what}
+
+
+def check_proofs(proofs: list[dict[str, Any]], scope: dict[str, Any], local_scope: dict[str, Any] | None = None,
+                 bind: Callable[[str, Any], None] | None = None) -> None:
+    """Raises :class:`Refused` unless every proof's path names an object described as stored: from the module's
+    globals (``scope``; ``bind`` puts a global of the tracing process back) or the locals torch loaded."""
     for proof in proofs:
+        if "class" in proof:
+            if find([str(part) for part in proof["class"]]) is None:
+                raise Refused("class_changed", f"{'.'.join(proof['class'][1:3])} is not the class traced")
+            continue
         steps = [(str(kind), str(name)) for kind, name in proof["path"]]
-        try:
-            obj = resolve(steps, scope)
-        except Exception as exc:  # noqa: BLE001
-            raise Refused("global_changed", f"{_path_text(steps)} is gone ({type(exc).__name__})") from None
-        if describe(obj) != proof["is"]:
-            raise Refused("global_changed", f"{_path_text(steps)} is another object than the one traced")
-
-
-def _path_text(steps: list[tuple[str, str]]) -> str:
-    text = f"G[{steps[0][1]!r}]"
-    for kind, name in steps[1:]:
-        text += f".{name}" if kind == "attr" else f"[{name!r}]"
-    return text
+        if rooted_at(steps) == "global":
+            check_global(proof, steps, scope, bind)
+        elif local_scope is None:
+            raise Refused("local_changed", f"{path_text(steps)}: the locals were not loaded")
+        else:
+            check_local(proof, steps, local_scope)
 
 
 def pack_guards(proofs: list[dict[str, Any]], guards_state: bytes) -> bytes:
@@ -225,7 +111,8 @@ def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], bytes]:
     start = len(_MAGIC) + 8
     size = int.from_bytes(data[len(_MAGIC):start], "big")
     proofs = json.loads(bytes(data[start:start + size]))
-    if not isinstance(proofs, list) or not all(isinstance(p, dict) and "path" in p and "is" in p for p in proofs):
+    if not isinstance(proofs, list) or not all(
+            isinstance(p, dict) and (("path" in p and "is" in p) or "class" in p) for p in proofs):
         raise Refused("unsupported_guard", "malformed proofs")
     return proofs, bytes(data[start + size:])
 

@@ -35,21 +35,27 @@ workers and the report carry them like torch's) say what was reused, traced, sto
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import inspect
 import itertools
-import logging
 import os
 import pickle
 import re
 import sys
-import threading
-from collections.abc import Iterator
 from typing import Any
 
-from .dynamo_proofs import Refused, check_proofs, code_digest, function_of, pack_guards, prove, source_id, unpack_guards
+from .dynamo_effects import code_key, failed_load_contained, watch_warnings
+from .dynamo_proofs import (
+    Refused,
+    check_proofs,
+    code_digest,
+    function_of,
+    pack_guards,
+    prove,
+    prove_class,
+    source_id,
+    unpack_guards,
+)
 
 # Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
 # chain of code edits against eager): 2.11 on an H100 host, 2.13 and 2.14 on CPU. 2.12 and 2.15 have the same
@@ -61,8 +67,8 @@ PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MOD
 # Guards on run-time state that no stored proof can stand for: a frame holding one is never stored.
 UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
-REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "missing_module",
-            "torch_error", "load_failed")
+REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "local_changed",
+            "class_changed", "missing_module", "side_effect", "torch_error", "load_failed")
 COUNTERS = ("dynamo_reused", "dynamo_traced", "dynamo_stored", *(f"dynamo_refused_{r}" for r in REFUSALS))
 _UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 
@@ -80,6 +86,14 @@ class _Reuse:
     def __init__(self, rootdir: str) -> None:
         self.rootdir = rootdir
         self.pending: dict[int, list[dict[str, Any]]] = {}
+        self.installing: Any = None  # the CompilePackage being installed
+        self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
+        self.frame_code: Any = None  # the code of the frame whose guards are being built
+        # Frames (file, first line, name) of which a trace showed a warning: no entry holding one is written, though
+        # another variant of it was traced without (under other warning filters, say).
+        self.side_effects: set[tuple[str, int, str]] = set()
+        # key -> the packages recorded under it in this process and their latest entries
+        self.recorded: dict[str, dict[int, tuple[Any, Any]]] = {}
         self.reasons: dict[str, str] = {}
 
     def count(self, name: str, n: int = 1) -> None:
@@ -169,6 +183,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        state.frame_code = args[0] if args else kwargs.get("f_code")
         with config.patch(caching_precompile=False):
             init(self, *args, **kwargs)
         try:
@@ -186,30 +201,52 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = UNPROVABLE_GUARDS
     serialize = CheckFunctionManager.serialize_guards
 
+    compile_id = torch._guards.CompileContext.current_compile_id
+    watch_warnings(state, compile_id)
+
     @functools.wraps(serialize)
     def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
+        if str(compile_id()) in state.warned:
+            # What the trace did besides its output (a warning a test may expect) would not happen where the entry is
+            # installed instead of traced: such a frame is traced in every run.
+            state.refuse("side_effect", "a warning was shown while the frame was traced")
+            state.side_effects.add(code_key(state.frame_code))
+            raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
         proofs = []
+        classes: dict[int, tuple[str, type]] = {}
         builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
         try:
-            scope = builder.scope["G"]
+            scope, local_scope = builder.scope["G"], builder.scope.get("L")
             for guard in sorted_guards:
                 kinds = {guard.create_fn_name(), *(tuple(guard.guard_types) if guard.guard_types else ())}
+                if "TYPE_MATCH" in kinds:
+                    # torch stores the class by module and qualname: the class found so at load must be the same
+                    classes.setdefault(id(cls := type(builder.get(guard))), (guard.name, cls))
                 if kinds & PROVABLE_GUARDS:
-                    proof = prove(guard.name, builder.get(guard), scope)
+                    proof = prove(guard.name, builder.get(guard), scope, local_scope)
                     proofs.append(proof)
                     steps = proof["path"]
                     if builtins_name and steps[0] == ("global", builtins_name) and len(steps) > 1:
                         # torch stores only the builtins its BUILTIN_MATCH guards name; a proven identity guard
                         # on a builtin needs it in the stored scope too, where the guard is rebuilt on load
                         self.used_builtin_vars.add(steps[1][1])
+            proofs.extend(proof for name, cls in classes.values() if (proof := prove_class(name, cls)))
         except Refused as exc:
             state.refuse(exc.reason, str(exc))
             raise torch._dynamo.exc.PackageError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a proof that cannot be built: this frame is not stored
+            state.refuse("unsupported_guard", f"{type(exc).__name__}: {exc}")
+            raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         try:
             data = serialize(self, builder, sorted_guards, output_graph)
         except torch._dynamo.exc.PackageError as exc:
             state.refuse(_reason_of(exc.__cause__) if exc.__cause__ else "unsupported_guard", str(exc))
             raise
+        except Exception as exc:  # noqa: BLE001 - e.g. TypeError for the type of a local defined in local scope
+            # torch raises these past its own bypass, which would fail the test: this frame is not stored instead
+            reason = "unsupported_guard" if isinstance(exc, TypeError) else _reason_of(exc)
+            state.refuse(reason, f"{type(exc).__name__}: {exc}")
+            raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         state.count("dynamo_stored")
         return pack_guards(proofs, data)
 
@@ -231,7 +268,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         if proofs is None:
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
         try:
-            check_proofs(proofs, runtime_global_scope)
+            check_proofs(proofs, runtime_global_scope, guards_state.output_graph.local_scope,
+                         functools.partial(_bind_global, state, runtime_global_scope))
         except Refused as exc:  # this compiled variant only: the entry's others may hold
             state.refuse(exc.reason, str(exc))
             return _UNPROVEN
@@ -253,7 +291,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     def checked_load(fn: Any) -> Any:
         try:
-            with _failed_load_contained(state):
+            with failed_load_contained(state):
                 result = load(fn)
         except Exception as exc:  # noqa: BLE001
             state.refuse_error(exc)
@@ -306,6 +344,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         # whose graph was empty): such a frame, a resume function never reached when it was traced say, would then
         # run eagerly where a run without the option compiles it. Dynamo traces it as usual instead.
         eval_frame.skip_code = _no_skip
+        state.installing = self
         try:
             install_package(self, backends)
         except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
@@ -319,6 +358,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             return
         finally:
             eval_frame.skip_code = skip_code
+            state.installing = None
         state.count("dynamo_reused")
         _advance_unique_ids(bytecode_transformation, modules)
         _record_used(torch, cache, self)
@@ -336,11 +376,19 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # its frame has no stored backend then, and is traced in a later run.
     _bundling_fails_open(state)
 
+    # Saving: every wrapper of one function is one entry. torch keeps the last package recorded under a key (a
+    # function's source id), so where a suite wraps one function in torch.compile more than once (a test per
+    # parameter, a fresh wrapper per test) the variants the earlier wrappers traced would be lost.
+    _packages_merged(state, cache)
+
     # Saving: one entry that does not pickle costs that entry only.
     write = cache.write
 
     def write_each(entry: Any, path: str) -> None:
         try:
+            if state.side_effects and any(code_key(code.python_code) in state.side_effects
+                                          for code in entry.dynamo.codes):
+                return
             write(entry, path)
         except Exception as exc:  # noqa: BLE001
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
@@ -348,67 +396,63 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     cache.write = write_each
 
 
-class _FailedLoadRecord(logging.Filter):
-    """Keeps torch's "Failed to load package" record (logged with its traceback) from the session's handlers."""
+def _packages_merged(state: _Reuse, cache: Any) -> None:
+    record = getattr(cache, "record_package", None)
+    try:
+        from torch._dynamo.precompile_context import PrecompileContext
+    except Exception:  # noqa: BLE001 - another layout: torch's own behaviour
+        return
+    entries = getattr(PrecompileContext, "_dynamo_cache_entries", None)
+    if record is None or not isinstance(entries, dict):
+        return
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.detail: str | None = None
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("Failed to load package"):
-            return True
-        if self.detail is None:
-            exc = record.exc_info[1] if record.exc_info else None
-            cause = exc.__cause__ if exc is not None and exc.__cause__ is not None else exc
-            self.detail = f"{type(cause).__name__}: {cause}" if cause is not None else record.getMessage()
-        record.exc_info = None
-        return False
-
-
-@contextlib.contextmanager
-def _failed_load_contained(state: _Reuse) -> Iterator[None]:
-    """torch's ``DynamoCache.load`` catches its own failure to load a stored entry (bytes that do not unpickle): it
-    logs a warning with the traceback, counts ``dynamo_cache_error`` and returns None, so the frame is traced. Such
-    an entry counts as refused here (``load_failed``), its log record is kept from the session, and the unraisable
-    exceptions that torch's objects raise while the load runs (the half-loaded graphs' ``CompiledFxGraph.__del__``,
-    collected here) are dropped; any other unraisable exception goes on to the hook that was there, at once (a hook
-    must not keep what it is given)."""
-    from torch._dynamo.utils import counters
-
-    with _LOAD_LOCK:  # the process's unraisable hook is swapped by one load at a time
-        before = counters["dynamo_cache"]["dynamo_cache_error"]
-        record = _FailedLoadRecord()
-        logger = logging.getLogger("torch._dynamo.package")
-        previous = sys.unraisablehook
-
-        def hook(unraisable: Any) -> None:
-            if not _of_torch(unraisable.object):
-                previous(unraisable)
-
-        sys.unraisablehook = hook
-        logger.addFilter(record)
+    def record_package(package: Any) -> None:
+        record(package)
         try:
-            yield
-        finally:
-            logger.removeFilter(record)
-            failed = record.detail is not None or counters["dynamo_cache"]["dynamo_cache_error"] > before
-            try:
-                if failed:
-                    gc.collect()  # the half-loaded objects in reference cycles (the traceback's frames)
-            finally:
-                sys.unraisablehook = previous
-            if failed:
-                state.refuse("load_failed", record.detail or "torch failed to load the stored entry")
+            key = package.source_id
+            latest = entries.get(key)
+            if latest is None:
+                return
+            per_package = state.recorded.setdefault(key, {})
+            per_package[id(package)] = (package, latest)  # the package itself kept: its id is not reused
+            if len(per_package) > 1:
+                entries[key] = _merged([entry for _package, entry in per_package.values()])
+        except Exception as exc:  # noqa: BLE001 - the last package alone, as torch keeps it
+            state.refuse("torch_error", f"packages of one function not merged: {type(exc).__name__}: {exc}")
+
+    cache.record_package = record_package
 
 
-_LOAD_LOCK = threading.RLock()
+def _merged(entries: list[Any]) -> Any:
+    """One dynamo cache entry holding every variant of several packages of one function: the function's own code
+    with every package's guarded variants, imports and backends (bypassed if any package bypassed it), and every
+    package's resume functions, whose names are unique in a process."""
+    import dataclasses
+
+    first, *others = entries
+    main = first.codes[0]
+    guarded, backends = list(main.guarded_codes), list(main.backend_ids)
+    imports, bypassed = dict(main.import_sources), main.bypassed
+    rest = list(first.codes[1:])
+    for other in others:
+        theirs = other.codes[0]
+        if code_digest(package_code(theirs)) != code_digest(package_code(main)) \
+                or theirs.python_module != main.python_module:
+            raise ValueError("packages of one key hold other code")
+        guarded += theirs.guarded_codes
+        backends += [b for b in theirs.backend_ids if b not in backends]
+        imports.update(theirs.import_sources)
+        bypassed = bypassed or theirs.bypassed
+        rest += other.codes[1:]
+    merged_main = dataclasses.replace(main, guarded_codes=guarded, backend_ids=backends, import_sources=imports,
+                                      bypassed=bypassed)
+    return dataclasses.replace(first, codes=[merged_main, *rest])
 
 
-def _of_torch(obj: object) -> bool:
-    """Whether ``obj`` (what raised an unraisable exception: a ``__del__`` method, an object) is torch's."""
-    module = getattr(obj, "__module__", None)
-    return (module if isinstance(module, str) else type(obj).__module__).startswith("torch")
+def package_code(entry: Any) -> Any:
+    from torch._dynamo.package import SerializedCode
+
+    return SerializedCode.to_code_object(entry.python_code)
 
 
 def _autograd_cache() -> Any:
@@ -464,6 +508,15 @@ def _key_without_backend_id() -> None:
             object.__setattr__(aot_config, "precompile_backend_id", backend_id)
 
     pickler._reduce_aot_config = reduce_aot_config
+
+
+def _bind_global(state: _Reuse, scope: dict[str, Any], name: str, value: Any) -> None:
+    """A global of the tracing process put back into the module whose entry is being installed, as the package's
+    own: uninstalling the entry removes it."""
+    pkg, module = state.installing, sys.modules.get(str(scope.get("__name__")))
+    if pkg is None or module is None or module.__dict__ is not scope:
+        raise Refused("global_changed", f"{name} cannot be bound outside an install")
+    pkg._install_global(module, name, value)
 
 
 def _no_skip(*_args: Any, **_kwargs: Any) -> None:

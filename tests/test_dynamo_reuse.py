@@ -8,6 +8,7 @@ The two sessions run once, in one chain (a class-scoped fixture), and the tests 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ def f(x):
 
 # The module the tests compile from, as a template: @NAME@ markers differ between the cold and the warm session.
 EDITS = """
+import functools
+import warnings
+
 import torch
 
 SCALE = @SCALE@
@@ -108,6 +112,104 @@ class Net(torch.nn.Module):
 @torch.compile
 def decorated_at_import(x):
     return torch.sin(x) * 3 + 1
+
+
+class StableState:
+    def __init__(self, a):
+        self.a = a
+
+    @property
+    def double(self):
+        return self.a * 2
+
+    def scale(self, k):
+        return self.a * k
+
+
+class MethodState(StableState):
+    def scale(self, k):
+        return self.a * k * @CLASS_METHOD@
+
+
+class GetterState(StableState):
+    @property
+    def double(self):
+        return self.a * @GETTER@
+
+
+def uses_state(s):
+    return s.double + s.scale(2)
+
+
+# the same body, one function for each class below (a frame that cannot be stored for one class is stored for none)
+def uses_method_state(s):
+    return s.double + s.scale(2)
+
+
+def uses_getter_state(s):
+    return s.double + s.scale(2)
+
+
+def uses_local_state(s):
+    return s.double + s.scale(2)
+
+
+def uses_patched_state(s):
+    return s.double + s.scale(2)
+
+
+class PatchedState(StableState):
+    pass
+
+
+def deco(func):
+    @functools.wraps(func)
+    def wrapper(*args):
+        return func(*args) + 1
+
+    return wrapper
+
+
+@deco
+def decorated_stable(x):
+    return x * 5
+
+
+@deco
+def decorated_edited(x):
+    return x * @DECORATED@
+
+
+def calls_fn(fn, x):
+    return fn(x) * 2
+
+
+def type_of(x):
+    if type(x) is torch.Tensor:
+        return x + 1
+    return x - 1
+
+
+def uses_sin(x):
+    return torch.sin(x) + 2
+
+
+def two_wrappers(x):
+    return torch.cos(x) * 3
+
+
+class MyTensor(torch.Tensor):
+    pass
+
+
+@torch._dynamo.assume_constant_result
+def warn_when_traced():
+    warnings.warn("shown while traced", UserWarning)
+    return 1
+
+
+def warns_when_traced(x):
+    return x + warn_when_traced()
 """
 
 # A module that generates another one from a template at run time; its compiled function calls into it.
@@ -136,6 +238,7 @@ def compiled_call(x):
 TESTS = """
 import os
 
+import pytest
 import torch
 
 import calc_a
@@ -207,6 +310,69 @@ def test_global_function_rebound_after_a_call(monkeypatch):
     same(compiled, edits.calls_later, X)  # its rebuilt guard sees the rebinding: traced again
 
 
+def test_class_of_a_local_unchanged():
+    same(torch.compile(edits.uses_state), edits.uses_state, edits.StableState(X))
+
+
+def test_class_method_edited():
+    same(torch.compile(edits.uses_method_state), edits.uses_method_state, edits.MethodState(X))
+
+
+def test_property_getter_edited():
+    same(torch.compile(edits.uses_getter_state), edits.uses_getter_state, edits.GetterState(X))
+
+
+def test_class_method_rebound_by_monkeypatch(monkeypatch):
+    if VARIANT == 2:  # the file is the same: torch's source checksums see no change, the class's digest does
+        monkeypatch.setattr(edits.PatchedState, "scale", lambda self, k: self.a - k)
+    same(torch.compile(edits.uses_patched_state), edits.uses_patched_state, edits.PatchedState(X))
+
+
+def test_class_in_local_scope():
+    class Local(edits.StableState):
+        def scale(self, k):
+            return self.a * (k + VARIANT)
+
+    same(torch.compile(edits.uses_local_state), edits.uses_local_state, Local(X))
+
+
+def test_decorated_function_unchanged():
+    same(torch.compile(edits.decorated_stable), edits.decorated_stable, X)
+
+
+def test_decorated_function_edited():
+    same(torch.compile(edits.decorated_edited), edits.decorated_edited, X)
+
+
+def test_function_passed_as_argument():
+    same(torch.compile(edits.calls_fn), edits.calls_fn, edits.decorated_stable, X)
+
+
+def test_type_of_a_tensor_unchanged():
+    same(torch.compile(edits.type_of), edits.type_of, X)
+
+
+def test_tensor_subclass_where_the_class_was():
+    x = X.clone() if VARIANT == 1 else X.as_subclass(edits.MyTensor)
+    same(torch.compile(edits.type_of), edits.type_of, x)
+
+
+def test_module_attribute_rebound(monkeypatch):
+    if VARIANT == 2:
+        monkeypatch.setattr(torch, "sin", torch.cos)  # before the first call: the stored entry must be refused
+    same(torch.compile(edits.uses_sin), edits.uses_sin, X)
+
+
+def test_one_function_in_two_wrappers():
+    same(torch.compile(edits.two_wrappers), edits.two_wrappers, X)
+    same(torch.compile(edits.two_wrappers), edits.two_wrappers, X.double())  # the second wrapper's own variant
+
+
+def test_a_warning_shown_while_traced():
+    with pytest.warns(UserWarning, match="shown while traced"):
+        torch.testing.assert_close(torch.compile(edits.warns_when_traced)(X), X + 1)
+
+
 def test_generated_module(tmp_path):
     generator.setup(tmp_path, 2 + VARIANT)
     same(generator.compiled_call, lambda x: generator.generated.kernel(x) + 1, X)
@@ -233,15 +399,17 @@ def test_training_step():
 """
 
 VARIANTS = {
-    1: {"SCALE": "2.0", "BODY": "2", "HELPER": "1", "DEFAULT": "3", "METHOD": "2"},
-    2: {"SCALE": "5.0", "BODY": "7", "HELPER": "4", "DEFAULT": "6", "METHOD": "9"},
+    1: {"SCALE": "2.0", "BODY": "2", "HELPER": "1", "DEFAULT": "3", "METHOD": "2", "CLASS_METHOD": "1",
+        "GETTER": "2", "DECORATED": "2"},
+    2: {"SCALE": "5.0", "BODY": "7", "HELPER": "4", "DEFAULT": "6", "METHOD": "9", "CLASS_METHOD": "3",
+        "GETTER": "4", "DECORATED": "6"},
 }
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
     for name, value in values.items():
         template = template.replace(f"@{name}@", value)
-    assert "@" not in template.replace("@torch.compile", ""), template
+    assert not re.search(r"@[A-Z_]+@", template), template
     return template
 
 
@@ -325,7 +493,7 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (13, 0), (name, run.result.outlines[-80:])
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (26, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -338,7 +506,10 @@ class TestDynamoReuse:
         """The positive case: what did not change is installed from the store, and Dynamo does not trace it."""
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
         assert _counters(warm)["dynamo_reused"] >= 5, _counters(warm)
-        for test in ("test_unchanged", "test_same_name_same_line_in_two_modules", "test_decorated_at_import"):
+        for test in ("test_unchanged", "test_same_name_same_line_in_two_modules", "test_decorated_at_import",
+                     "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
+                     "test_function_passed_as_argument", "test_type_of_a_tensor_unchanged",
+                     "test_one_function_in_two_wrappers"):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
 
     def test_changed_code_is_traced_again(self, reuse_chain: ReuseChain) -> None:
@@ -349,8 +520,23 @@ class TestDynamoReuse:
         c = _counters(warm)
         assert c["dynamo_refused_code_changed"] >= 2, c
         for test in ("test_body_edited", "test_inlined_helper_edited", "test_module_method_edited_and_mode",
-                     "test_module_global_edited", "test_default_argument_changed", "test_closure_variable_changed"):
+                     "test_module_global_edited", "test_default_argument_changed", "test_closure_variable_changed",
+                     "test_class_method_edited", "test_property_getter_edited", "test_class_in_local_scope",
+                     "test_class_method_rebound_by_monkeypatch", "test_a_warning_shown_while_traced",
+                     "test_decorated_function_edited", "test_tensor_subclass_where_the_class_was",
+                     "test_module_attribute_rebound"):
             assert _compiles(warm, test) > 0, test
+
+    def test_what_is_reached_from_a_local_is_checked_at_load(self, reuse_chain: ReuseChain) -> None:
+        """A class whose method was rebound (its source file unchanged, so torch's source checksums pass): the class
+        that the stored entry's locals reach now is not the one traced, and the entry is refused."""
+        c = _counters(reuse_chain.runs["warm"])
+        assert c["dynamo_refused_class_changed"] + c["dynamo_refused_local_changed"] >= 1, c
+
+    def test_a_frame_whose_trace_showed_a_warning_is_never_stored(self, reuse_chain: ReuseChain) -> None:
+        """Installed instead of traced, it would not show the warning a test expects."""
+        for name in ("cold", "warm"):
+            assert _counters(reuse_chain.runs[name])["dynamo_refused_side_effect"] >= 1, name
 
     def test_a_rebound_global_is_refused(self, reuse_chain: ReuseChain) -> None:
         c = _counters(reuse_chain.runs["warm"])

@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os
+import sys
 import types
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from pytest_megacache import dynamo_proofs as dp
 from pytest_megacache import dynamo_reuse as dr
+from pytest_megacache.dynamo_paths import path_text
 from pytest_megacache.report import dynamo_reuse_text
 
 
@@ -83,16 +85,33 @@ def test_an_entry_id_is_the_function_behind_a_bound_method() -> None:
 
 @pytest.mark.parametrize(("name", "steps"), [
     ("G['torch']", [("global", "torch")]),
+    ("L['self']", [("local", "self")]),
+    ("type(L['td'])", [("local", "td"), ("type", "")]),
+    ("L['td']._tensordict['a'].__class__", [("local", "td"), ("attr", "_tensordict"), ("key", "a"),
+                                            ("attr", "__class__")]),
+    ("dict(type(L['s']).__mro__[1].__dict__)['p'].fget",
+     [("local", "s"), ("type", ""), ("attr", "__mro__"), ("index", "1"), ("attr", "__dict__"), ("dict", ""),
+      ("key", "p"), ("attr", "fget")]),
+    ("type(G['x'].dataclasses.MISSING)", [("global", "x"), ("attr", "dataclasses"), ("attr", "MISSING"),
+                                          ("type", "")]),
+    ("list(dict.keys(G['handlers']))[0]", [("global", "handlers"), ("keys", ""), ("index", "0")]),
+    ("__import__('torch').utils._pytree", [("module", "torch"), ("attr", "utils"), ("attr", "_pytree")]),
+    ("type(L['seq']._modules['0'])", [("local", "seq"), ("attr", "_modules"), ("key", "0"), ("type", "")]),
+    ("G['m'].handlers[list(dict.keys(G['m'].handlers))[3]]", [("global", "m"), ("attr", "handlers"), ("value", "3")]),
+    ("G['f'].__closure__[0].cell_contents", [("global", "f"), ("attr", "__closure__"), ("index", "0"),
+                                              ("attr", "cell_contents")]),
     ("G['torch'].nn.functional.relu", [("global", "torch"), ("attr", "nn"), ("attr", "functional"),
                                        ("attr", "relu")]),
     ("G['__builtins_dict___3']['len']", [("global", "__builtins_dict___3"), ("key", "len")]),
 ])
 def test_paths_from_the_globals_parse(name: str, steps: list[tuple[str, str]]) -> None:
     assert dp.parse_path(name) == steps
+    assert path_text(steps) == name
 
 
-@pytest.mark.parametrize("name", ["L['self']", "G['f'].__closure__[0].cell_contents", "G['x'][0]",
-                                  "___odict_getitem(G['d'], 'k')", "G['x'].y + 1"])
+@pytest.mark.parametrize("name", ["___odict_getitem(G['d'], 'k')", "G['x'].y + 1", "len(L['x'])", "type(L['x']",
+                                  "S['x']", "G['x'][-1]",
+                                  "G['a'][list(dict.keys(G['b']))[0]]"])
 def test_other_sources_do_not_parse(name: str) -> None:
     assert dp.parse_path(name) is None
 
@@ -127,10 +146,13 @@ def test_a_path_that_does_not_reach_the_guarded_object_is_not_provable() -> None
 def test_describe_names_what_another_process_can_find_again() -> None:
     assert dp.describe(math) == ["module", "math"]
     assert dp.describe(math.sqrt) == ["builtin", "builtin_function_or_method", "math", "sqrt"]
-    assert dp.describe(dict) == ["class", "builtins", "dict"]
+    assert dp.describe(dict)[:3] == ["class", "builtins", "dict"]
     assert dp.describe(None) == ["const", "None"]
-    closure = _function("def outer():\n    k = 1\n    def f():\n        return k\n    return f\n", name="outer")()
-    assert dp.describe(closure) is None  # its cells are state no description carries
+    outer = _function("def outer(k):\n    def f():\n        return k\n    return f\n", name="outer")
+    assert dp.describe(outer(1)) == dp.describe(outer(1))  # a factory's product: its code and what its cells hold
+    assert dp.describe(outer(1)) != dp.describe(outer(2))
+    assert dp.describe(outer(object())) is None  # its cell holds state no description carries
+    assert dp.find(dp.describe(outer(1))) is None  # and it has no name to be found again by
     assert dp.describe("text".upper) is None  # bound to an instance
 
 
@@ -153,3 +175,169 @@ def test_the_report_line_counts_reuse_and_refusals() -> None:
                               "dynamo_refused_code_changed": 1, "dynamo_refused_global_changed": 2})
     assert line == ("Dynamo reuse 5 installed / 2 traced / 3 refused (code changed 1, global changed 2), "
                     "2 stored")
+
+
+# --- proofs rooted at a frame's locals, address-named globals, module members ------------------------------------
+LIB = '''
+import functools
+
+
+class State:
+    def __init__(self, a):
+        self.a = a
+
+    @property
+    def double(self):
+        return self.a * @GETTER@
+
+    def scale(self, k):
+        return self.a * @METHOD@
+
+
+def deco(func):
+    @functools.wraps(func)
+    def wrapper(*args):
+        return func(*args) + 1
+    return wrapper
+
+
+@deco
+def wrapped(x):
+    return x * @WRAPPED@
+
+
+def make_local_class():
+    class Local:
+        pass
+    return Local
+'''
+
+
+def _module(monkeypatch: pytest.MonkeyPatch, getter: int = 2, method: int = 3, wrapped: int = 4,
+            name: str = "megacache_unit_lib") -> types.ModuleType:
+    """The library as a module imported under ``name`` (a new module object each call: another process's import)."""
+    source = LIB.replace("@GETTER@", str(getter)).replace("@METHOD@", str(method)).replace("@WRAPPED@", str(wrapped))
+    module = types.ModuleType(name)
+    exec(compile(source, f"/project/{name}.py", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+def _stored(proof: dict[str, Any]) -> list[dict[str, Any]]:
+    return json.loads(json.dumps([proof]))  # the check reads what was stored, as JSON
+
+
+def test_the_class_of_a_local_is_proven_by_name_and_definition(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("type(L['s'])", "L['s'].__class__"):
+        lib = _module(monkeypatch)
+        proof = dp.prove(name, lib.State, {}, {"s": lib.State(1)})
+        assert proof["is"][:3] == ["class", "megacache_unit_lib", "State"]
+        dp.check_proofs(_stored(proof), {}, {"s": _module(monkeypatch).State(1)})  # the same source, imported again
+        for edit in ({"method": 5}, {"getter": 7}):  # a method or a property's getter edited, same names and lines
+            with pytest.raises(dp.Refused) as edited:
+                dp.check_proofs(_stored(proof), {}, {"s": _module(monkeypatch, **edit).State(1)})
+            assert edited.value.reason == "local_changed"
+
+
+def test_a_class_rebound_by_monkeypatch_is_another_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _module(monkeypatch)
+    proof = dp.prove("type(L['s'])", lib.State, {}, {"s": lib.State(1)})
+    monkeypatch.setattr(lib.State, "scale", lambda self, k: self.a - k)
+    with pytest.raises(dp.Refused):
+        dp.check_proofs(_stored(proof), {}, {"s": lib.State(1)})
+
+
+def test_a_class_defined_in_a_function_is_never_proven(monkeypatch: pytest.MonkeyPatch) -> None:
+    local_class = _module(monkeypatch).make_local_class()
+    with pytest.raises(dp.Refused) as refused:
+        dp.prove("type(L['s'])", local_class, {}, {"s": local_class()})
+    assert refused.value.reason == "unsupported_guard"
+
+
+def test_a_property_getter_reached_from_a_local_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _module(monkeypatch)
+    name = "dict(type(L['s']).__dict__)['double'].fget"
+    proof = dp.prove(name, lib.State.double.fget, {}, {"s": lib.State(1)})
+    dp.check_proofs(_stored(proof), {}, {"s": _module(monkeypatch).State(1)})
+    with pytest.raises(dp.Refused):
+        dp.check_proofs(_stored(proof), {}, {"s": _module(monkeypatch, getter=9).State(1)})
+
+
+def test_the_function_behind_a_decorator_is_found_again_and_put_in_the_loaded_locals(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _module(monkeypatch)
+    inner = lib.wrapped.__wrapped__
+    proof = dp.prove("L['func']", inner, {}, {"func": inner})
+    assert proof["is"][:3] == ["function", "megacache_unit_lib", "wrapped"]
+    again = _module(monkeypatch)
+    loaded: dict[str, Any] = {"func": object()}  # what torch's pickle gives for a function it cannot name
+    dp.check_proofs(_stored(proof), {}, loaded)
+    assert loaded["func"] is again.wrapped.__wrapped__  # the guard is rebuilt on the function the frame will see
+    _module(monkeypatch, wrapped=8)
+    with pytest.raises(dp.Refused) as edited:
+        dp.check_proofs(_stored(proof), {}, {"func": object()})
+    assert edited.value.reason == "local_changed"
+
+
+def test_a_decorators_wrapper_is_described_with_what_its_cells_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _module(monkeypatch)
+    proof = dp.prove("L['f']", lib.wrapped, {}, {"f": lib.wrapped})
+    dp.check_proofs(_stored(proof), {}, {"f": _module(monkeypatch).wrapped})
+    with pytest.raises(dp.Refused):
+        dp.check_proofs(_stored(proof), {}, {"f": _module(monkeypatch, wrapped=5).wrapped})
+
+
+def test_a_global_named_after_an_address_is_bound_again_by_what_it_held() -> None:
+    name = f"_{id(math)}_c3"
+    proof = dp.prove(f"G['{name}'].sqrt", math.sqrt, {name: math})
+    assert proof["bind"] == ["module", "math"]
+    scope: dict[str, Any] = {}
+    bound: list[tuple[str, Any]] = []
+
+    def bind(key: str, value: Any) -> None:
+        bound.append((key, value))
+        scope[key] = value
+
+    dp.check_proofs(_stored(proof), scope, {}, bind)
+    assert bound == [(name, math)]
+    with pytest.raises(dp.Refused):  # without a way to bind it: refused, never a NameError in the installed code
+        dp.check_proofs(_stored(proof), {}, {}, None)
+    with pytest.raises(dp.Refused):  # the name holds another object in this process
+        dp.check_proofs(_stored(proof), {name: os}, {}, bind)
+
+
+def test_an_extension_function_is_described_as_a_modules_member() -> None:
+    """A builtin with no module of its own (an extension's function, e.g. ``torch._C._get_tracing_state``), reached
+    as an attribute of a module: its name, kind and documentation say which one it is."""
+    owner = types.ModuleType("megacache_unit_ext")
+    member = dp.describe_member(owner, "get_state", len)
+    assert member is not None and member[:5] == ["member", "megacache_unit_ext", "get_state",
+                                                 "builtin_function_or_method", "len"]
+    assert dp.describe_member(owner, "get_state", abs) != member  # another builtin bound to that name
+    assert dp.describe_member(types.SimpleNamespace(), "get_state", len) is None  # not a module's attribute
+    assert dp.describe_member(owner, "get_state", lambda x: x) is None  # a Python function is described by code
+
+
+def test_the_class_under_a_type_guard_is_proven_by_name_and_definition(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _module(monkeypatch)
+    proof = dp.prove_class("L['s']", lib.State)
+    dp.check_proofs(_stored(proof), {}, {})
+    monkeypatch.setattr(lib.State, "scale", lambda self, k: self.a - k)
+    with pytest.raises(dp.Refused) as rebound:
+        dp.check_proofs(_stored(proof), {}, {})
+    assert rebound.value.reason == "class_changed"
+    assert dp.prove_class("L['d']", type(vars(lib.State))) == {}  # mappingproxy: defined in C, nothing to prove
+    with pytest.raises(dp.Refused):
+        dp.prove_class("L['s']", lib.make_local_class())
+
+
+def test_a_factorys_function_reached_through_a_class_is_proven_by_code_and_cells(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _module(monkeypatch)
+    made = lib.deco(lib.make_local_class)  # a wrapper made at run time: no name finds it again
+    monkeypatch.setattr(lib.State, "made", made, raising=False)
+    name = "dict(type(L['s']).__dict__)['made']"
+    proof = dp.prove(name, made, {}, {"s": lib.State(1)})
+    dp.check_proofs(_stored(proof), {}, {"s": lib.State(1)})
+    with pytest.raises(dp.Refused):  # the root itself must be found by name: the loaded local cannot be
+        dp.prove("L['f']", made, {}, {"f": made})
