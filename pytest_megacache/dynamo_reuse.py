@@ -69,7 +69,8 @@ UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "local_changed",
             "class_changed", "missing_module", "side_effect", "torch_error", "load_failed")
-COUNTERS = ("dynamo_reused", "dynamo_traced", "dynamo_stored", *(f"dynamo_refused_{r}" for r in REFUSALS))
+COUNTERS = ("dynamo_reused", "dynamo_variants_installed", "dynamo_traced", "dynamo_stored",
+            *(f"dynamo_refused_{r}" for r in REFUSALS))
 _UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 
 
@@ -273,7 +274,9 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         except Refused as exc:  # this compiled variant only: the entry's others may hold
             state.refuse(exc.reason, str(exc))
             return _UNPROVEN
-        return load_guard_manager(guards_state, target_code, runtime_global_scope)
+        manager = load_guard_manager(guards_state, target_code, runtime_global_scope)
+        state.count("dynamo_variants_installed")
+        return manager
 
     package.load_guard_manager = load_guard_manager_proven
     eval_frame_c = torch._C._dynamo.eval_frame

@@ -114,16 +114,18 @@ def _layer_line(t: TorchStats) -> str:
 
 
 def dynamo_reuse_text(c: Mapping[str, int]) -> str:
-    """``Dynamo reuse 5 installed / 2 traced / 1 refused (code changed 1), 2 stored``: compiled functions whose
-    stored entry was installed, frames Dynamo traced, entries refused (per reason), frames stored; empty without
-    --megacache-precompile."""
+    """``Dynamo reuse 5 installed (7 variants) / 2 traced / 1 refused (code changed 1), 2 stored``: compiled
+    functions whose stored entry was installed and the compiled variants installed with them, frames Dynamo traced,
+    entries refused (per reason), frames stored; empty without --megacache-precompile."""
     refused = {name.removeprefix("dynamo_refused_").replace("_", " "): n for name, n in c.items()
                if name.startswith("dynamo_refused_") and n}
     reused, traced = c.get("dynamo_reused", 0), c.get("dynamo_traced", 0)
     if not (reused or traced or refused):
         return ""
     why = f" ({', '.join(f'{k} {v}' for k, v in sorted(refused.items()))})" if refused else ""
-    return (f"Dynamo reuse {reused} installed / {traced} traced / {sum(refused.values())} refused{why}, "
+    variants = c.get("dynamo_variants_installed", 0)
+    return (f"Dynamo reuse {reused} installed" + (f" ({variants} variants)" if variants else "")
+            + f" / {traced} traced / {sum(refused.values())} refused{why}, "
             f"{c.get('dynamo_stored', 0)} stored")
 
 

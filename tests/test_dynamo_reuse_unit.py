@@ -171,9 +171,9 @@ def test_only_checked_releases_are_allowed() -> None:
 
 def test_the_report_line_counts_reuse_and_refusals() -> None:
     assert dynamo_reuse_text({"fxgraph_cache_hit": 3}) == ""
-    line = dynamo_reuse_text({"dynamo_reused": 5, "dynamo_traced": 2, "dynamo_stored": 2,
+    line = dynamo_reuse_text({"dynamo_reused": 5, "dynamo_variants_installed": 7, "dynamo_traced": 2, "dynamo_stored": 2,
                               "dynamo_refused_code_changed": 1, "dynamo_refused_global_changed": 2})
-    assert line == ("Dynamo reuse 5 installed / 2 traced / 3 refused (code changed 1, global changed 2), "
+    assert line == ("Dynamo reuse 5 installed (7 variants) / 2 traced / 3 refused (code changed 1, global changed 2), "
                     "2 stored")
 
 
