@@ -340,8 +340,6 @@ def uninstall(module: ModuleType | None = None) -> None:
 def arm(on_problem: Callable[[str], None]) -> Any:
     """Install now if torch's ``cpu_vec_isa`` is imported, else when it is. Returns the import hook to remove
     (or None). ``on_problem`` hears, as a whole sentence, why it was not installed and what happens instead."""
-    from .importhook import PostImportHook
-
     def after(module: ModuleType) -> None:
         try:
             why = install(module)
@@ -351,6 +349,13 @@ def arm(on_problem: Callable[[str], None]) -> Any:
             on_problem(why)
 
     _offer_to_children()
+    return _when_imported(after)
+
+
+def _when_imported(after: Any) -> Any:
+    """Runs ``after`` on torch's vector-ISA module now if it is imported, else once it is (the hook, to remove)."""
+    from .importhook import PostImportHook
+
     if MODULE in sys.modules:
         after(sys.modules[MODULE])
         return None
@@ -426,8 +431,6 @@ def arm_child(offered: str) -> Any:
     ``cpu_vec_isa`` once it is imported, gated on :func:`decision_digest` of this process's environment at its
     first check being ``offered`` (the session's). Returns the import hook (or None); never raises."""
     try:
-        from .importhook import PostImportHook
-
         def gate() -> bool:
             return len(offered) == 64 and decision_digest() == offered
 
@@ -437,11 +440,6 @@ def arm_child(offered: str) -> Any:
             except Exception:  # noqa: BLE001 - never into torch's import
                 pass
 
-        if MODULE in sys.modules:
-            after(sys.modules[MODULE])
-            return None
-        hook = PostImportHook(MODULE, after)
-        sys.meta_path.insert(0, hook)
-        return hook
+        return _when_imported(after)
     except Exception:  # noqa: BLE001
         return None
