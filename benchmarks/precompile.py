@@ -392,12 +392,12 @@ def make_workload(name: str, base: Path, device: str = "cpu", tests: int = 30) -
     return Workload("small", project, ["test_small.py"])
 
 
-def bench(wl: Workload, repeats: int, work: Path, logs: Path) -> list[Run]:
+def bench(wl: Workload, repeats: int, work: Path, logs: Path, modes: tuple[str, ...] = MODES) -> list[Run]:
     runs: list[Run] = []
     for i in range(repeats):
         print(f"[{wl.name}] repeat {i + 1}/{repeats}", flush=True)
         stores = {"": work / f"store-{wl.name}-default-r{i}", "-pc": work / f"store-{wl.name}-precompile-r{i}"}
-        for mode in MODES:
+        for mode in modes:
             # warm2-pc: a second warm run from the store that cold-pc filled and warm-pc added to
             store = None if mode in ("plain", "eager") else stores["-pc" if mode.endswith("-pc") else ""]
             runs.append(pytest_run(wl, mode, i, work, store, logs))
@@ -481,13 +481,14 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
           f"{ratio('warm-pc', 'plain', lambda r: r.wall)}")
     print(f"against eager (TORCHDYNAMO_DISABLE=1): warm/eager wall {ratio('warm', 'eager', lambda r: r.wall)}, "
           f"warm-pc/eager wall {ratio('warm-pc', 'eager', lambda r: r.wall)}")
-    plain = [r for r in mine if r.mode == "plain"]
+    # the plain run is the reference; where it was not run, the cold run with the plugin's defaults
+    reference = [r for r in mine if r.mode == "plain"] or [r for r in mine if r.mode == "cold"]
     for r in mine:
-        if r.mode in ("plain", "eager") or not plain:
+        if r.mode in ("plain", "eager") or not reference or r is reference[0]:
             continue
-        changed = sorted(t for t, o in r.outcomes.items() if plain[0].outcomes.get(t, o) != o)
-        changed += sorted(t for t in plain[0].outcomes if t not in r.outcomes)
-        print(f"{r.mode} (repeat {r.repeat + 1}): {len(changed)} outcomes differ from plain's"
+        changed = sorted(t for t, o in r.outcomes.items() if reference[0].outcomes.get(t, o) != o)
+        changed += sorted(t for t in reference[0].outcomes if t not in r.outcomes)
+        print(f"{r.mode} (repeat {r.repeat + 1}): {len(changed)} outcomes differ from {reference[0].mode}'s"
               + (f": {', '.join(changed[:5])}" if changed else ""))
     seen: set[str] = set()
     for r in mine:
@@ -513,10 +514,15 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the example project's GPU tests (the small workload is CPU only)")
     parser.add_argument("--json", type=Path, help="write every run's record here")
+    parser.add_argument("--modes", default="", help="run only these modes (comma-separated; a warm mode needs its "
+                                                    "cold one), e.g. cold,warm,cold-pc,warm-pc")
     parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "megacache-precompile-logs",
                         help="where the full output of failed pytest runs is kept (default: %(default)s)")
     opts = parser.parse_args()
     names = ["small", "dynamo", "example"] if opts.workload == "all" else [opts.workload]
+    modes = tuple(m for m in MODES if m in opts.modes.split(",")) if opts.modes else MODES
+    if opts.modes and len(modes) != len(opts.modes.split(",")):
+        parser.error(f"--modes: a comma-separated selection of {', '.join(MODES)}")
     if opts.workload == "suite" and opts.suite is None:
         parser.error("--workload suite needs --suite DIR")
     if opts.device == "cuda" and names not in (["example"], ["suite"]):
@@ -527,7 +533,7 @@ def main() -> None:
         for name in names:
             wl = (Workload("suite", opts.suite.resolve(), opts.suite_args.split()) if name == "suite"
                   else make_workload(name, base, opts.device, opts.tests))
-            runs += bench(wl, opts.repeats, base / f"work-{name}", opts.logs)
+            runs += bench(wl, opts.repeats, base / f"work-{name}", opts.logs, modes)
     for name in names:
         table(name, runs, opts.repeats)
     if opts.json:
