@@ -506,7 +506,7 @@ class TestDynamoReuse:
         """The positive case: what did not change is installed from the store, and Dynamo does not trace it."""
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
         c = _counters(warm)
-        assert c["dynamo_reused"] >= 5 and c["dynamo_variants_installed"] >= c["dynamo_reused"], c
+        assert c["dynamo_reused"] >= 5 and c["dynamo_variants_installed"] >= 5, c
         for test in ("test_unchanged", "test_same_name_same_line_in_two_modules", "test_decorated_at_import",
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
                      "test_function_passed_as_argument", "test_type_of_a_tensor_unchanged",

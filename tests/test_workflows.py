@@ -617,10 +617,16 @@ def test_plugin_flags_and_environment_variables_exist(path: Path) -> None:
     assert not unknown, f"{path.name} names what pytest_megacache.settings.OPTIONS does not have: {sorted(unknown)}"
 
 
-# The user docs: README.md, CHANGELOG.md and docs/*.md. Besides OPTIONS and PENDING_ENV they may name the variable
-# the plugin sets for its own child processes (documented so that nobody sets it by hand).
+# The user docs: README.md, CHANGELOG.md and docs/*.md. Besides OPTIONS and PENDING_ENV they may name the variables
+# the plugin sets for its own child processes (documented so that nobody sets them by hand; settings.md lists them).
 USER_DOCS = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")])
-DOCS_ONLY_ENV = frozenset({"MEGACACHE_CHILD_SPOOL"})
+DOCS_ONLY_ENV = frozenset({"MEGACACHE_CHILD_SPOOL", "MEGACACHE_RESTORE_READY", "MEGACACHE_ISA_REUSE"})
+
+
+def test_the_variables_the_plugin_sets_for_children_are_listed_as_not_settings() -> None:
+    settings = (ROOT / "docs" / "settings.md").read_text()
+    for name in DOCS_ONLY_ENV:
+        assert f"| `{name}` | set by the plugin" in settings, name
 
 
 @pytest.mark.parametrize("path", USER_DOCS, ids=lambda p: p.name)
