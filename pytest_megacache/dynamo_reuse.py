@@ -382,7 +382,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # Saving: every wrapper of one function is one entry. torch keeps the last package recorded under a key (a
     # function's source id), so where a suite wraps one function in torch.compile more than once (a test per
     # parameter, a fresh wrapper per test) the variants the earlier wrappers traced would be lost. Only on the
-    # releases it was run on: on 2.11 (an H100 host) the merged entries' backends were not found at load.
+    # releases it was run on: on 2.11 (an H100 host) the merged entries' backends were not found at load (on 2.13
+    # an entry whose backend is missing is not written at all: torch raises while saving it).
     if re.match(r"2\.13\.", str(torch.__version__)):
         _packages_merged(state, cache)
 
@@ -444,36 +445,14 @@ def _merged(entries: list[Any]) -> Any:
         if code_digest(package_code(theirs)) != code_digest(package_code(main)) \
                 or theirs.python_module != main.python_module:
             raise ValueError("packages of one key hold other code")
-        # a variant whose backend this process no longer holds would be stored without it: left out
-        kept = [g for g in theirs.guarded_codes if all(_recorded_backend(b) for b in _backends_of(g))]
-        guarded += kept
-        backends += [b for b in theirs.backend_ids if b not in backends and _recorded_backend(b)]
+        guarded += theirs.guarded_codes
+        backends += [b for b in theirs.backend_ids if b not in backends]
         imports.update(theirs.import_sources)
         bypassed = bypassed or theirs.bypassed
         rest += other.codes[1:]
     merged_main = dataclasses.replace(main, guarded_codes=guarded, backend_ids=backends, import_sources=imports,
                                       bypassed=bypassed)
     return dataclasses.replace(first, codes=[merged_main, *rest])
-
-
-def _backends_of(guarded: Any) -> list[str]:
-    """The compiled functions a stored variant's code calls (``__compiled_fn_<n>``...), by name."""
-    from torch._dynamo.package import SerializedCode
-
-    code = SerializedCode.to_code_object(guarded.dynamo_code)
-    names: set[str] = set()
-    stack = [code]
-    while stack:
-        current = stack.pop()
-        names.update(n for n in current.co_names if n.startswith("__compiled_fn_"))
-        stack.extend(c for c in current.co_consts if isinstance(c, type(code)))
-    return sorted(names)
-
-
-def _recorded_backend(backend_id: str) -> bool:
-    from torch._dynamo.precompile_context import PrecompileContext
-
-    return PrecompileContext.serialize_artifact_by_key(backend_id) is not None
 
 
 def package_code(entry: Any) -> Any:
