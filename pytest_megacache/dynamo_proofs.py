@@ -62,11 +62,17 @@ def prove(name: str, obj: Any, scope: dict[str, Any], local_scope: dict[str, Any
     steps = parse_path(name)
     if steps is None:
         raise Refused("unsupported_guard", f"an identity guard on {name}, a source no proof reads")
-    if rooted_at(steps) == "global":
-        return prove_global(name, steps, obj, scope)
-    if local_scope is None:
+    local = rooted_at(steps) == "local"
+    if local and local_scope is None:
         raise Refused("unsupported_guard", f"an identity guard on {name}, without the frame's locals")
-    return prove_local(name, steps, obj, local_scope)
+    here = local_scope if local and local_scope is not None else scope
+    try:
+        reached = resolve(steps, here) is obj
+    except Exception:  # noqa: BLE001 - a path that does not resolve the same way cannot be proven
+        reached = False
+    if not reached:
+        raise Refused("unsupported_guard", f"an identity guard on {name} that its path does not reach")
+    return prove_local(name, steps, obj) if local else prove_global(name, steps, obj, scope)
 
 
 def prove_class(name: str, cls: type) -> dict[str, Any]:

@@ -61,6 +61,9 @@ from .dynamo_proofs import (
 # chain of code edits against eager): 2.11 on an H100 host, 2.13 and 2.14 on CPU. 2.12 and 2.15 have the same
 # pieces but were not run; 2.7 to 2.10 have other ones.
 CHECKED_RELEASES = ("2.11", "2.13", "2.14")
+# Where the packages of one function recorded by several wrappers are merged into one entry (run on 2.13; on 2.11,
+# an H100 host, the merged entries' backends were not found at load).
+MERGED_RELEASES = ("2.13",)
 # Identity guards kept and proven (torch 2.13 refuses to serialize them, or drops them from the live guards).
 PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "CLASS_MATCH",
                              "BUILTIN_MATCH"})
@@ -74,10 +77,11 @@ COUNTERS = ("dynamo_reused", "dynamo_variants_installed", "dynamo_traced", "dyna
 _UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 
 
-def release_checked(version: str) -> bool:
-    """Whether ``torch.__version__`` is a release these wrappers were checked on."""
+def release_checked(version: str, releases: tuple[str, ...] = CHECKED_RELEASES) -> bool:
+    """Whether ``torch.__version__`` is one of ``releases`` (minor releases: by default those these wrappers were
+    checked on)."""
     match = re.match(r"(\d+)\.(\d+)", version)
-    return bool(match) and f"{match.group(1)}.{match.group(2)}" in CHECKED_RELEASES  # type: ignore[union-attr]
+    return bool(match) and f"{match.group(1)}.{match.group(2)}" in releases  # type: ignore[union-attr]
 
 
 # --- the wrappers over torch's pieces ---------------------------------------------------------------------------
@@ -306,7 +310,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             main = result.dynamo.codes[0]
             if main.python_module != getattr(func, "__module__", None):
                 raise Refused("collision", f"an entry of {main.python_module} for {func.__module__}")
-            stored = package.SerializedCode.to_code_object(main.python_code)
+            stored = _stored_code(main)
             if code_digest(stored) != code_digest(func.__code__):
                 raise Refused("code_changed", f"{func.__qualname__} changed since it was traced")
         except Exception as exc:  # noqa: BLE001
@@ -382,9 +386,9 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # Saving: every wrapper of one function is one entry. torch keeps the last package recorded under a key (a
     # function's source id), so where a suite wraps one function in torch.compile more than once (a test per
     # parameter, a fresh wrapper per test) the variants the earlier wrappers traced would be lost. Only on the
-    # releases it was run on: on 2.11 (an H100 host) the merged entries' backends were not found at load (on 2.13
-    # an entry whose backend is missing is not written at all: torch raises while saving it).
-    if re.match(r"2\.13\.", str(torch.__version__)):
+    # releases it was run on (MERGED_RELEASES; on 2.13 an entry whose backend is missing is not written at all:
+    # torch raises while saving it).
+    if release_checked(str(torch.__version__), MERGED_RELEASES):
         _packages_merged(state, cache)
 
     # Saving: one entry that does not pickle costs that entry only.
@@ -437,13 +441,13 @@ def _merged(entries: list[Any]) -> Any:
 
     first, *others = entries
     main = first.codes[0]
+    digest = code_digest(_stored_code(main))
     guarded, backends = list(main.guarded_codes), list(main.backend_ids)
     imports, bypassed = dict(main.import_sources), main.bypassed
     rest = list(first.codes[1:])
     for other in others:
         theirs = other.codes[0]
-        if code_digest(package_code(theirs)) != code_digest(package_code(main)) \
-                or theirs.python_module != main.python_module:
+        if code_digest(_stored_code(theirs)) != digest or theirs.python_module != main.python_module:
             raise ValueError("packages of one key hold other code")
         guarded += theirs.guarded_codes
         backends += [b for b in theirs.backend_ids if b not in backends]
@@ -455,7 +459,8 @@ def _merged(entries: list[Any]) -> Any:
     return dataclasses.replace(first, codes=[merged_main, *rest])
 
 
-def package_code(entry: Any) -> Any:
+def _stored_code(entry: Any) -> Any:
+    """The code object a stored code entry (torch's ``_DynamoCodeCacheEntry``) was traced from."""
     from torch._dynamo.package import SerializedCode
 
     return SerializedCode.to_code_object(entry.python_code)
