@@ -27,9 +27,9 @@ from .dynamo_proof_locals import check_local, prove_local
 __all__ = ["Refused", "check_proofs", "code_digest", "describe", "describe_member", "find", "function_of",
            "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "unpack_guards"]
 
-_MAGIC = b"megacache-guards-2\n"
+_MAGIC = b"megacache-guards-3\n"
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
-_ID_PREFIX = b"pytest-megacache dynamo entry 2\0"
+_ID_PREFIX = b"pytest-megacache dynamo entry 3\0"
 
 
 def _relative_file(filename: str, rootdir: str) -> str:
@@ -105,20 +105,24 @@ def check_proofs(proofs: list[dict[str, Any]], scope: dict[str, Any], local_scop
             check_local(proof, steps, local_scope)
 
 
-def pack_guards(proofs: list[dict[str, Any]], guards_state: bytes) -> bytes:
-    header = json.dumps(proofs, separators=(",", ":")).encode()
+def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes) -> bytes:
+    """torch's guard state with the proofs of its identity guards and the digest of the context it was compiled in
+    (:func:`pytest_megacache.dynamo_context.compile_context`)."""
+    header = json.dumps({"proofs": proofs, "context": context}, separators=(",", ":")).encode()
     return _MAGIC + len(header).to_bytes(8, "big") + header + guards_state
 
 
-def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], bytes]:
-    """The proofs and torch's guard state; raises :class:`Refused` for guards stored without proofs."""
+def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes]:
+    """The proofs, the compile context and torch's guard state; raises :class:`Refused` for guards stored without
+    proofs."""
     if not isinstance(data, (bytes, bytearray)) or not bytes(data[:len(_MAGIC)]) == _MAGIC:
         raise Refused("unsupported_guard", "guards stored without the plugin's proofs")
     start = len(_MAGIC) + 8
     size = int.from_bytes(data[len(_MAGIC):start], "big")
-    proofs = json.loads(bytes(data[start:start + size]))
-    if not isinstance(proofs, list) or not all(
+    header = json.loads(bytes(data[start:start + size]))
+    proofs = header.get("proofs") if isinstance(header, dict) else None
+    context = header.get("context") if isinstance(header, dict) else None
+    if not isinstance(proofs, list) or not isinstance(context, str) or not all(
             isinstance(p, dict) and (("path" in p and "is" in p) or "class" in p) for p in proofs):
         raise Refused("unsupported_guard", "malformed proofs")
-    return proofs, bytes(data[start + size:])
-
+    return proofs, context, bytes(data[start + size:])

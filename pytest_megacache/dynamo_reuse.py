@@ -36,6 +36,7 @@ workers and the report carry them like torch's) say what was reused, traced, sto
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import itertools
 import os
@@ -45,9 +46,9 @@ import sys
 from typing import Any
 
 from .dynamo_effects import code_key, failed_load_contained, watch_warnings
+from .dynamo_offers import Offer, Offers, offer_where_traced
 from .dynamo_proofs import (
     Refused,
-    check_proofs,
     code_digest,
     function_of,
     pack_guards,
@@ -70,11 +71,11 @@ PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MOD
 # Guards on run-time state that no stored proof can stand for: a frame holding one is never stored.
 UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
-REFUSALS = ("code_changed", "collision", "unsupported_guard", "unpicklable", "global_changed", "local_changed",
-            "class_changed", "missing_module", "side_effect", "torch_error", "load_failed")
-COUNTERS = ("dynamo_reused", "dynamo_variants_installed", "dynamo_traced", "dynamo_stored",
+REFUSALS = ("code_changed", "collision", "unsupported_guard", "unsupported_backend", "unpicklable", "global_changed",
+            "local_changed", "class_changed", "context_changed", "missing_module", "side_effect", "torch_error",
+            "load_failed")
+COUNTERS = ("dynamo_reused", "dynamo_frames_reused", "dynamo_traced", "dynamo_stored",
             *(f"dynamo_refused_{r}" for r in REFUSALS))
-_UNPROVEN = object()  # the guard manager of a compiled variant whose proofs fail now
 
 
 def release_checked(version: str, releases: tuple[str, ...] = CHECKED_RELEASES) -> bool:
@@ -90,7 +91,7 @@ class _Reuse:
 
     def __init__(self, rootdir: str) -> None:
         self.rootdir = rootdir
-        self.pending: dict[int, list[dict[str, Any]]] = {}
+        self.pending: dict[int, tuple[list[dict[str, Any]], str, str]] = {}  # proofs, context, digest per state
         self.installing: Any = None  # the CompilePackage being installed
         self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
         self.frame_code: Any = None  # the code of the frame whose guards are being built
@@ -100,6 +101,8 @@ class _Reuse:
         # key -> the packages recorded under it in this process and their latest entries
         self.recorded: dict[str, dict[int, tuple[Any, Any]]] = {}
         self.reasons: dict[str, str] = {}
+        self.offers = Offers()
+        self.contexts: list[str | None] = []  # the compile contexts of the frames being traced (innermost last)
 
     def count(self, name: str, n: int = 1) -> None:
         try:
@@ -217,6 +220,12 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse("side_effect", "a warning was shown while the frame was traced")
             state.side_effects.add(code_key(state.frame_code))
             raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
+        context = state.contexts[-1] if state.contexts else None
+        if context is None:
+            # a backend of the test's own (or a compile the wrappers did not see start): no later wrapper could be
+            # told apart from it
+            state.refuse("unsupported_backend", "a backend that cannot be named in another process")
+            raise torch._dynamo.exc.PackageError("a backend that cannot be named in another process")
         proofs = []
         classes: dict[int, tuple[str, type]] = {}
         builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
@@ -253,45 +262,51 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse(reason, f"{type(exc).__name__}: {exc}")
             raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         state.count("dynamo_stored")
-        return pack_guards(proofs, data)
+        return pack_guards(proofs, context, data)
 
     CheckFunctionManager.serialize_guards = serialize_guards
 
     load_guards_state = package.load_guards_state
 
     def load_guards_state_proven(data: bytes) -> Any:
-        proofs, inner = unpack_guards(data)
+        proofs, context, inner = unpack_guards(data)
         loaded = load_guards_state(inner)
-        state.pending[id(loaded)] = proofs
+        state.pending[id(loaded)] = (proofs, context, hashlib.sha256(inner).hexdigest())
         return loaded
 
     package.load_guards_state = load_guards_state_proven
     load_guard_manager = package.load_guard_manager
 
-    def load_guard_manager_proven(guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
-        proofs = state.pending.pop(id(guards_state), None)
-        if proofs is None:
+    def load_guard_manager_deferred(guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
+        # torch's install builds every variant's guards here and installs them on the code next: each is kept as an
+        # offer instead, its guards built where Dynamo is about to trace a frame of that code (_compile below)
+        pending = state.pending.pop(id(guards_state), None)
+        if pending is None:
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
-        try:
-            check_proofs(proofs, runtime_global_scope, guards_state.output_graph.local_scope,
-                         functools.partial(_bind_global, state, runtime_global_scope))
-        except Refused as exc:  # this compiled variant only: the entry's others may hold
-            state.refuse(exc.reason, str(exc))
-            return _UNPROVEN
-        manager = load_guard_manager(guards_state, target_code, runtime_global_scope)
-        state.count("dynamo_variants_installed")
-        return manager
+        proofs, context, digest = pending
+        return Offer(target_code, None, guards_state, runtime_global_scope, proofs, context, state.installing, digest)
 
-    package.load_guard_manager = load_guard_manager_proven
+    package.load_guard_manager = load_guard_manager_deferred
     eval_frame_c = torch._C._dynamo.eval_frame
     load_precompile_entry = eval_frame_c._load_precompile_entry
 
-    def load_proven_entry(code: Any, guard_manager: Any, dynamo_code: Any) -> Any:
-        if guard_manager is _UNPROVEN:
-            return None  # not installed: a call that needs it is traced
-        return load_precompile_entry(code, guard_manager, dynamo_code)
+    def load_offer(code: Any, guard_manager: Any, dynamo_code: Any) -> Any:
+        if not isinstance(guard_manager, Offer):
+            return load_precompile_entry(code, guard_manager, dynamo_code)
+        guard_manager.dynamo_code = dynamo_code
+        state.offers.add(guard_manager)
+        return None
 
-    eval_frame_c._load_precompile_entry = load_proven_entry
+    eval_frame_c._load_precompile_entry = load_offer
+    uninstall = CompilePackage.uninstall
+
+    @functools.wraps(uninstall)
+    def uninstall_offers(self: Any) -> None:
+        state.offers.drop_package(self)
+        uninstall(self)
+
+    CompilePackage.uninstall = uninstall_offers
+    offer_where_traced(state, torch, load_guard_manager)
 
     # 3. Per frame, fail open. Loading: the stored main code must be the current code.
     load = cache.load
@@ -519,15 +534,6 @@ def _key_without_backend_id() -> None:
             object.__setattr__(aot_config, "precompile_backend_id", backend_id)
 
     pickler._reduce_aot_config = reduce_aot_config
-
-
-def _bind_global(state: _Reuse, scope: dict[str, Any], name: str, value: Any) -> None:
-    """A global of the tracing process put back into the module whose entry is being installed, as the package's
-    own: uninstalling the entry removes it."""
-    pkg, module = state.installing, sys.modules.get(str(scope.get("__name__")))
-    if pkg is None or module is None or module.__dict__ is not scope:
-        raise Refused("global_changed", f"{name} cannot be bound outside an install")
-    pkg._install_global(module, name, value)
 
 
 def _no_skip(*_args: Any, **_kwargs: Any) -> None:

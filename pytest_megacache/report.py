@@ -114,19 +114,17 @@ def _layer_line(t: TorchStats) -> str:
 
 
 def dynamo_reuse_text(c: Mapping[str, int]) -> str:
-    """``Dynamo reuse 5 installed (7 variants) / 2 traced / 1 refused (code changed 1), 2 stored``: compiled
-    functions whose stored entry was installed and the compiled variants installed with them, frames Dynamo traced,
-    entries refused (per reason), frames stored; empty without --megacache-precompile."""
+    """``Dynamo reuse 7 frames reused / 2 traced / 1 refused (code changed 1), 5 entries loaded, 2 stored``: frames
+    that took a stored variant instead of being traced, frames Dynamo traced, stored entries or variants refused (per
+    reason), entries loaded where a function was wrapped, frames stored; empty without --megacache-precompile."""
     refused = {name.removeprefix("dynamo_refused_").replace("_", " "): n for name, n in c.items()
                if name.startswith("dynamo_refused_") and n}
-    reused, traced = c.get("dynamo_reused", 0), c.get("dynamo_traced", 0)
-    if not (reused or traced or refused):
+    frames, loaded, traced = c.get("dynamo_frames_reused", 0), c.get("dynamo_reused", 0), c.get("dynamo_traced", 0)
+    if not (frames or loaded or traced or refused):
         return ""
     why = f" ({', '.join(f'{k} {v}' for k, v in sorted(refused.items()))})" if refused else ""
-    variants = c.get("dynamo_variants_installed", 0)
-    return (f"Dynamo reuse {reused} installed" + (f" ({variants} variants)" if variants else "")
-            + f" / {traced} traced / {sum(refused.values())} refused{why}, "
-            f"{c.get('dynamo_stored', 0)} stored")
+    return (f"Dynamo reuse {frames} frames reused / {traced} traced / {sum(refused.values())} refused{why}, "
+            f"{loaded} entries loaded, {c.get('dynamo_stored', 0)} stored")
 
 
 def _pairs(counts: Mapping[str, int]) -> str:

@@ -158,8 +158,8 @@ def test_describe_names_what_another_process_can_find_again() -> None:
 
 def test_guards_travel_with_their_proofs_and_without_them_are_refused() -> None:
     proofs = [{"path": [["global", "math"]], "is": ["module", "math"]}]
-    packed = dp.pack_guards(proofs, b"torch's pickle")
-    assert dp.unpack_guards(packed) == (proofs, b"torch's pickle")
+    packed = dp.pack_guards(proofs, "a context", b"torch's pickle")
+    assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle")
     with pytest.raises(dp.Refused):
         dp.unpack_guards(b"torch's pickle")  # what torch stores by itself: no proofs, never used
 
@@ -171,10 +171,10 @@ def test_only_checked_releases_are_allowed() -> None:
 
 def test_the_report_line_counts_reuse_and_refusals() -> None:
     assert dynamo_reuse_text({"fxgraph_cache_hit": 3}) == ""
-    line = dynamo_reuse_text({"dynamo_reused": 5, "dynamo_variants_installed": 7, "dynamo_traced": 2, "dynamo_stored": 2,
+    line = dynamo_reuse_text({"dynamo_reused": 5, "dynamo_frames_reused": 7, "dynamo_traced": 2, "dynamo_stored": 2,
                               "dynamo_refused_code_changed": 1, "dynamo_refused_global_changed": 2})
-    assert line == ("Dynamo reuse 5 installed (7 variants) / 2 traced / 3 refused (code changed 1, global changed 2), "
-                    "2 stored")
+    assert line == ("Dynamo reuse 7 frames reused / 2 traced / 3 refused (code changed 1, global changed 2), "
+                    "5 entries loaded, 2 stored")
 
 
 # --- proofs rooted at a frame's locals, address-named globals, module members ------------------------------------

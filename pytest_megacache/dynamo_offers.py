@@ -1,0 +1,169 @@
+"""Stored compiled variants offered where Dynamo is about to trace, instead of installed when a function is wrapped.
+
+torch installs every variant of a loaded entry on the function's code when ``torch.compile()`` wraps it: it builds
+every variant's guards up front, and checks them before the wrapper's own cache without looking at the wrapper's
+backend, so a wrapper with another backend or mode would run a variant another one compiled. Here torch's install
+still puts the entry's globals in place (its compiled graphs, resume functions, imports), but each variant is kept
+as an :class:`Offer` on its code object. Where Dynamo is about to trace a frame of that code (torch's ``_compile``,
+after a cache miss, under the recompile limit), the offers compiled under the same context
+(:mod:`~pytest_megacache.dynamo_context`) are tried in turn: proofs checked against the objects of the moment, guards
+built and evaluated on the frame's locals; the first that holds is returned to Dynamo as if it had been traced, and
+Dynamo caches it under the calling wrapper's backend as it caches its own. A reset of Dynamo's caches leaves the
+offers: the next call takes one again where torch would trace the same frame again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .dynamo_context import compile_context
+from .dynamo_objects import Refused
+from .dynamo_proofs import check_proofs
+
+
+class Offer:
+    """One stored compiled variant of one code object, from the package whose install put its globals in place."""
+
+    __slots__ = ("code", "context", "dynamo_code", "guards_state", "key", "manager", "package", "proofs", "refused",
+                 "scope")
+
+    def __init__(self, code: Any, dynamo_code: Any, guards_state: Any, scope: dict[str, Any],
+                 proofs: list[dict[str, Any]], context: str, package: Any, digest: str) -> None:
+        self.code, self.dynamo_code, self.guards_state, self.scope = code, dynamo_code, guards_state, scope
+        self.proofs, self.context, self.package = proofs, context, package
+        self.key = hashlib.sha256(f"{context}\0{digest}".encode()).hexdigest()
+        self.manager: Any = None  # guards built and not handed to Dynamo yet (they fail on the frames seen so far)
+        self.refused = False  # counted once
+
+
+class Offers:
+    """The offers of this process, per code object (its id; the offer holds the code, so the id is not reused)."""
+
+    def __init__(self) -> None:
+        self.by_code: dict[int, dict[str, Offer]] = {}
+
+    def add(self, offer: Offer) -> None:
+        # the same stored variant installed again by another wrapper of the function: the latest install's globals
+        # are those in the module now
+        self.by_code.setdefault(id(offer.code), {})[offer.key] = offer
+
+    def drop_package(self, package: Any) -> None:
+        """A package uninstalled: its globals are gone, and so are its offers."""
+        for code_id in list(self.by_code):
+            offers = self.by_code[code_id]
+            for key in [k for k, o in offers.items() if o.package is package]:
+                del offers[key]
+            if not offers:
+                del self.by_code[code_id]
+
+    def of(self, code: Any) -> list[Offer]:
+        return [o for o in reversed(self.by_code.get(id(code), {}).values()) if o.code is code]
+
+    def __len__(self) -> int:
+        return sum(len(offers) for offers in self.by_code.values())
+
+
+def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
+         build: Callable[[Offer], Any], refuse: Callable[[Offer, str, str], None]) -> tuple[Offer, Any] | None:
+    """The first offer compiled under ``context`` whose proofs hold now and whose guards pass on ``f_locals``, with
+    its guards (built by ``build``, which raises :class:`Refused` for a proof that fails); None when none does."""
+    for offer in offers:
+        if offer.context != context:
+            refuse(offer, "context_changed", "compiled under another backend, mode or configuration")
+            continue
+        try:
+            manager = build(offer)
+        except Refused as exc:
+            refuse(offer, exc.reason, str(exc))
+            continue
+        except Exception as exc:  # noqa: BLE001 - torch's own failure to build the guards: the frame is traced
+            refuse(offer, "torch_error", f"{type(exc).__name__}: {exc}")
+            continue
+        try:
+            holds = bool(manager.check(f_locals))
+        except Exception:  # noqa: BLE001 - a guard that raises on these locals does not hold
+            holds = False
+        if holds:
+            offer.manager = None  # handed to Dynamo: a cache entry owns it now
+            return offer, manager
+        offer.manager = manager
+    return None
+
+
+def bind_global(package: Any, scope: dict[str, Any], name: str, value: Any) -> None:
+    """A global of the tracing process put back into the module of an offer, as its package's own: uninstalling the
+    package removes it."""
+    module = sys.modules.get(str(scope.get("__name__")))
+    if package is None or module is None or module.__dict__ is not scope:
+        raise Refused("global_changed", f"{name} cannot be bound outside the module of its entry")
+    package._install_global(module, name, value)
+
+
+def offer_where_traced(state: Any, torch: Any, load_guard_manager: Callable[..., Any]) -> None:
+    """torch's ``_compile`` (where Dynamo traces a frame that missed its cache) takes a stored variant first, and
+    records the compile context of each frame it traces for the variant stored from it."""
+    import torch._dynamo.convert_frame as convert_frame
+
+    compile_fn = convert_frame._compile
+    signature = inspect.signature(compile_fn)
+    exceeds = getattr(convert_frame, "exceeds_recompile_limit", None)
+    wrap = getattr(convert_frame, "wrap_guarded_code", None)
+    guarded_code = getattr(torch._dynamo.types, "GuardedCode", None)
+    timed = torch._dynamo.utils.dynamo_timed
+    orig_code_map, output_codes = convert_frame.orig_code_map, convert_frame.output_codes
+
+    def build(offer: Offer) -> Any:
+        check_proofs(offer.proofs, offer.scope, offer.guards_state.output_graph.local_scope,
+                     functools.partial(bind_global, offer.package, offer.scope))
+        if offer.manager is not None:
+            return offer.manager
+        return load_guard_manager(offer.guards_state, offer.code, offer.scope)
+
+    def refuse(offer: Offer, reason: str, detail: str) -> None:
+        if not offer.refused:
+            offer.refused = True
+            state.refuse(reason, detail)
+
+    def reused(args: dict[str, Any], context: str | None) -> Any:
+        offers = state.offers.of(args["code"])
+        if not offers or args.get("export") or wrap is None or guarded_code is None:
+            return None
+        compile_id = args["compile_id"]
+        if exceeds is not None and exceeds(args["cache_size"], compile_id)[0]:
+            return None  # torch says so, as without the option
+        with timed("precompile_build_guards"):
+            found = take(offers, context, args["locals"], build, refuse)
+        if found is None:
+            return None
+        offer, manager = found
+        state.count("dynamo_frames_reused")
+        # what torch notes of a frame it traced: its output code's origin (read where a later call of it recompiles)
+        # and the code to reset with Dynamo's caches
+        orig_code_map[offer.dynamo_code] = offer.code
+        output_codes.add(offer.dynamo_code)
+        return wrap(guarded_code(offer.dynamo_code, manager, compile_id, f"Torch-Compiled Region: {compile_id}"))
+
+    @functools.wraps(compile_fn)
+    def _compile(*args: Any, **kwargs: Any) -> Any:
+        context = None
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+            context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"])
+            result = reused(bound, context)
+        except Exception as exc:  # noqa: BLE001 - any failure: the frame is traced as without the option
+            state.refuse("torch_error", f"stored variants not offered: {type(exc).__name__}: {exc}")
+            result = None
+        if result is not None:
+            return result
+        state.contexts.append(context)
+        try:
+            return compile_fn(*args, **kwargs)
+        finally:
+            state.contexts.pop()
+
+    convert_frame._compile = _compile
