@@ -115,7 +115,7 @@ def offer_where_traced(state: Any, torch: Any, load_guard_manager: Callable[...,
     wrap = getattr(convert_frame, "wrap_guarded_code", None)
     guarded_code = getattr(torch._dynamo.types, "GuardedCode", None)
     timed = torch._dynamo.utils.dynamo_timed
-    orig_code_map, output_codes = convert_frame.orig_code_map, convert_frame.output_codes
+    orig_code_map, output_codes = torch._dynamo.utils.orig_code_map, convert_frame.output_codes
 
     def build(offer: Offer) -> Any:
         check_proofs(offer.proofs, offer.scope, offer.guards_state.output_graph.local_scope,
