@@ -29,8 +29,7 @@ from .dynamo_proofs import check_proofs
 class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
 
-    __slots__ = ("code", "context", "dynamo_code", "guards_state", "key", "manager", "package", "proofs", "refused",
-                 "scope")
+    __slots__ = ("code", "context", "dynamo_code", "guards_state", "key", "manager", "package", "proofs", "scope")
 
     def __init__(self, code: Any, dynamo_code: Any, guards_state: Any, scope: dict[str, Any],
                  proofs: list[dict[str, Any]], context: str, package: Any, digest: str) -> None:
@@ -38,7 +37,6 @@ class Offer:
         self.proofs, self.context, self.package = proofs, context, package
         self.key = hashlib.sha256(f"{context}\0{digest}".encode()).hexdigest()
         self.manager: Any = None  # guards built and not handed to Dynamo yet (they fail on the frames seen so far)
-        self.refused = False  # counted once
 
 
 class Offers:
@@ -69,20 +67,23 @@ class Offers:
 
 
 def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
-         build: Callable[[Offer], Any], refuse: Callable[[Offer, str, str], None]) -> tuple[Offer, Any] | None:
+         build: Callable[[Offer], Any]) -> tuple[tuple[Offer, Any] | None, tuple[str, str] | None]:
     """The first offer compiled under ``context`` whose proofs hold now and whose guards pass on ``f_locals``, with
-    its guards (built by ``build``, which raises :class:`Refused` for a proof that fails); None when none does."""
+    its guards (built by ``build``, which raises :class:`Refused` for a proof that fails); else None and why the
+    frame could not take one: a proof that failed, else another compile context; None where the guards of every
+    offer of this context merely fail on these inputs (the frame is a new variant, traced as torch would)."""
+    refusal: tuple[str, str] | None = None
     for offer in offers:
         if offer.context != context:
-            refuse(offer, "context_changed", "compiled under another backend, mode or configuration")
+            refusal = refusal or ("context_changed", "compiled under another backend, mode or configuration")
             continue
         try:
             manager = build(offer)
         except Refused as exc:
-            refuse(offer, exc.reason, str(exc))
+            refusal = (exc.reason, str(exc))
             continue
         except Exception as exc:  # noqa: BLE001 - torch's own failure to build the guards: the frame is traced
-            refuse(offer, "torch_error", f"{type(exc).__name__}: {exc}")
+            refusal = ("torch_error", f"{type(exc).__name__}: {exc}")
             continue
         try:
             holds = bool(manager.check(f_locals))
@@ -90,9 +91,11 @@ def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
             holds = False
         if holds:
             offer.manager = None  # handed to Dynamo: a cache entry owns it now
-            return offer, manager
+            return (offer, manager), None
         offer.manager = manager
-    return None
+        if refusal is not None and refusal[0] == "context_changed":
+            refusal = None  # an offer of this very compile exists: its guards decide, as torch's would
+    return None, refusal
 
 
 def bind_global(package: Any, scope: dict[str, Any], name: str, value: Any) -> None:
@@ -124,11 +127,6 @@ def offer_where_traced(state: Any, torch: Any, load_guard_manager: Callable[...,
             return offer.manager
         return load_guard_manager(offer.guards_state, offer.code, offer.scope)
 
-    def refuse(offer: Offer, reason: str, detail: str) -> None:
-        if not offer.refused:
-            offer.refused = True
-            state.refuse(reason, detail)
-
     def reused(args: dict[str, Any], context: str | None) -> Any:
         offers = state.offers.of(args["code"])
         if not offers or args.get("export") or wrap is None or guarded_code is None:
@@ -137,8 +135,10 @@ def offer_where_traced(state: Any, torch: Any, load_guard_manager: Callable[...,
         if exceeds is not None and exceeds(args["cache_size"], compile_id)[0]:
             return None  # torch says so, as without the option
         with timed("precompile_build_guards"):
-            found = take(offers, context, args["locals"], build, refuse)
+            found, refusal = take(offers, context, args["locals"], build)
         if found is None:
+            if refusal is not None:
+                state.refuse(*refusal)  # once per frame traced in place of a stored variant
             return None
         offer, manager = found
         state.count("dynamo_frames_reused")

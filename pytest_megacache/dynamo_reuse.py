@@ -46,6 +46,7 @@ import sys
 from typing import Any
 
 from .dynamo_effects import code_key, failed_load_contained, watch_warnings
+from .dynamo_merge import packages_merged, stored_code
 from .dynamo_offers import Offer, Offers, offer_where_traced
 from .dynamo_proofs import (
     Refused,
@@ -325,7 +326,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             main = result.dynamo.codes[0]
             if main.python_module != getattr(func, "__module__", None):
                 raise Refused("collision", f"an entry of {main.python_module} for {func.__module__}")
-            stored = _stored_code(main)
+            stored = stored_code(main)
             if code_digest(stored) != code_digest(func.__code__):
                 raise Refused("code_changed", f"{func.__qualname__} changed since it was traced")
         except Exception as exc:  # noqa: BLE001
@@ -404,7 +405,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # releases it was run on (MERGED_RELEASES; on 2.13 an entry whose backend is missing is not written at all:
     # torch raises while saving it).
     if release_checked(str(torch.__version__), MERGED_RELEASES):
-        _packages_merged(state, cache)
+        packages_merged(state, cache)
 
     # Saving: one entry that does not pickle costs that entry only.
     write = cache.write
@@ -419,66 +420,6 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
 
     cache.write = write_each
-
-
-def _packages_merged(state: _Reuse, cache: Any) -> None:
-    record = getattr(cache, "record_package", None)
-    try:
-        from torch._dynamo.precompile_context import PrecompileContext
-    except Exception:  # noqa: BLE001 - another layout: torch's own behaviour
-        return
-    entries = getattr(PrecompileContext, "_dynamo_cache_entries", None)
-    if record is None or not isinstance(entries, dict):
-        return
-
-    def record_package(package: Any) -> None:
-        record(package)
-        try:
-            key = package.source_id
-            latest = entries.get(key)
-            if latest is None:
-                return
-            per_package = state.recorded.setdefault(key, {})
-            per_package[id(package)] = (package, latest)  # the package itself kept: its id is not reused
-            if len(per_package) > 1:
-                entries[key] = _merged([entry for _package, entry in per_package.values()])
-        except Exception as exc:  # noqa: BLE001 - the last package alone, as torch keeps it
-            state.refuse("torch_error", f"packages of one function not merged: {type(exc).__name__}: {exc}")
-
-    cache.record_package = record_package
-
-
-def _merged(entries: list[Any]) -> Any:
-    """One dynamo cache entry holding every variant of several packages of one function: the function's own code
-    with every package's guarded variants, imports and backends (bypassed if any package bypassed it), and every
-    package's resume functions, whose names are unique in a process."""
-    import dataclasses
-
-    first, *others = entries
-    main = first.codes[0]
-    digest = code_digest(_stored_code(main))
-    guarded, backends = list(main.guarded_codes), list(main.backend_ids)
-    imports, bypassed = dict(main.import_sources), main.bypassed
-    rest = list(first.codes[1:])
-    for other in others:
-        theirs = other.codes[0]
-        if code_digest(_stored_code(theirs)) != digest or theirs.python_module != main.python_module:
-            raise ValueError("packages of one key hold other code")
-        guarded += theirs.guarded_codes
-        backends += [b for b in theirs.backend_ids if b not in backends]
-        imports.update(theirs.import_sources)
-        bypassed = bypassed or theirs.bypassed
-        rest += other.codes[1:]
-    merged_main = dataclasses.replace(main, guarded_codes=guarded, backend_ids=backends, import_sources=imports,
-                                      bypassed=bypassed)
-    return dataclasses.replace(first, codes=[merged_main, *rest])
-
-
-def _stored_code(entry: Any) -> Any:
-    """The code object a stored code entry (torch's ``_DynamoCodeCacheEntry``) was traced from."""
-    from torch._dynamo.package import SerializedCode
-
-    return SerializedCode.to_code_object(entry.python_code)
 
 
 def _autograd_cache() -> Any:

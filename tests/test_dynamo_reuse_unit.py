@@ -3,6 +3,7 @@ paths and proofs of identity guards, the stored form of guards; and the checked 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -341,3 +342,121 @@ def test_a_factorys_function_reached_through_a_class_is_proven_by_code_and_cells
     dp.check_proofs(_stored(proof), {}, {"s": lib.State(1)})
     with pytest.raises(dp.Refused):  # the root itself must be found by name: the loaded local cannot be
         dp.prove("L['f']", made, {}, {"f": made})
+
+
+# --- the packages of one function merged ------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Variant:
+    guards_state: bytes
+    dynamo_code: str
+
+
+@dataclasses.dataclass
+class _Code:
+    python_code: Any
+    python_module: str
+    function_names: list[str]
+    guarded_codes: list[_Variant]
+    backend_ids: list[str]
+    import_sources: dict[str, str]
+    bypassed: bool
+
+
+@dataclasses.dataclass
+class _Entry:
+    codes: list[_Code]
+
+
+def test_merged_packages_keep_each_variant_and_resume_function_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each wrapper's package holds the variants it loaded as well as its own: merged, each variant is there once,
+    the resume functions of one name are one, and a package of other code is not merged."""
+    from pytest_megacache import dynamo_merge
+
+    monkeypatch.setattr(dynamo_merge, "stored_code", lambda entry: entry.python_code)
+    code = (lambda x: x).__code__
+    loaded = [_Variant(b"g1", "a"), _Variant(b"g2", "b")]
+    first = _Entry([_Code(code, "m", [], list(loaded), ["be1"], {}, False),
+                    _Code(None, "m", ["__resume_1"], [_Variant(b"r1", "c")], ["be1"], {}, False)])
+    second = _Entry([_Code(code, "m", [], [*loaded, _Variant(b"g3", "d")], ["be1", "be2"], {"a": "b"}, False),
+                     _Code(None, "m", ["__resume_1"], [_Variant(b"r1", "c"), _Variant(b"r2", "e")], [], {}, True)])
+    merged = dynamo_merge._merged([first, second])
+    main, resume = merged.codes
+    assert [v.guards_state for v in main.guarded_codes] == [b"g1", b"g2", b"g3"]
+    assert main.backend_ids == ["be1", "be2"] and main.import_sources == {"a": "b"} and not main.bypassed
+    assert [v.guards_state for v in resume.guarded_codes] == [b"r1", b"r2"] and resume.bypassed
+    other = _Entry([_Code((lambda y: y + 1).__code__, "m", [], [], [], {}, False)])
+    with pytest.raises(ValueError, match="other code"):
+        dynamo_merge._merged([first, other])
+
+
+# --- stored variants offered where Dynamo is about to trace ----------------------------------------------------------
+class _Guards:
+    def __init__(self, holds: bool) -> None:
+        self.holds = holds
+
+    def check(self, f_locals: dict[str, Any]) -> bool:
+        return self.holds and f_locals["x"] == 1
+
+
+def _offer(context: str, outcome: Any) -> Any:
+    from pytest_megacache.dynamo_offers import Offer
+
+    return Offer(None, None, outcome, {}, [], context, None, str(id(outcome)))
+
+
+def _build(offer: Any) -> Any:
+    if isinstance(offer.guards_state, Exception):
+        raise offer.guards_state
+    return offer.guards_state
+
+
+def test_an_offer_is_taken_only_under_its_context_with_its_proofs_and_guards() -> None:
+    from pytest_megacache.dynamo_offers import take
+
+    failing, other, unproven, holding = (_offer("A", _Guards(False)), _offer("B", _Guards(True)),
+                                         _offer("A", dp.Refused("global_changed", "rebound")), _offer("A", _Guards(True)))
+    found, refusal = take([failing, other, unproven, holding], "A", {"x": 1}, _build)
+    assert found is not None and found[0] is holding and found[1] is holding.guards_state and refusal is None
+    assert failing.manager is failing.guards_state and holding.manager is None  # kept unless handed to Dynamo
+    # nothing holds: why, per frame: a failed proof first, another context only where no offer of this one exists
+    assert take([other, unproven, failing], "A", {"x": 1}, _build) == (None, ("global_changed", "global_changed: rebound"))
+    assert take([other], "A", {"x": 1}, _build)[1] == (
+        "context_changed", "compiled under another backend, mode or configuration")
+    assert take([other, failing], "A", {"x": 1}, _build) == (None, None)  # a new variant: traced as torch would
+    assert take([holding], None, {"x": 1}, _build)[0] is None  # a compile of a backend that cannot be named
+    assert take([_offer("A", RuntimeError("torch"))], "A", {"x": 1}, _build)[1] == ("torch_error", "RuntimeError: torch")
+
+
+def test_offers_are_kept_per_code_once_per_variant_and_dropped_with_their_package() -> None:
+    from pytest_megacache.dynamo_offers import Offer, Offers
+
+    code, package, later = (lambda x: x).__code__, object(), object()
+    offers = Offers()
+    first = Offer(code, None, None, {}, [], "A", package, "digest")
+    offers.add(first)
+    again = Offer(code, None, None, {}, [], "A", later, "digest")  # the same variant installed by another wrapper
+    offers.add(again)
+    offers.add(Offer(code, None, None, {}, [], "B", package, "digest"))
+    assert len(offers) == 2 and offers.of(code)[-1] is again and offers.of((lambda y: y).__code__) == []
+    offers.drop_package(package)
+    assert offers.of(code) == [again]
+
+
+def test_the_compile_context_names_the_backend_and_sorts_what_hashing_orders() -> None:
+    from pytest_megacache import dynamo_context as dc
+
+    assert dc.canonical({"b", "a"}) == dc.canonical({"a", "b"}) == "{'a','b'}"
+    assert dc.canonical({"k": frozenset({2, 1}), "j": [1, (2,)]}) == "{'j':list[1,tuple[2]],'k':{1,2}}"
+
+    class _TorchCompileInductorWrapper:  # torch.compile's own wrapper, as torch names it
+        def __init__(self, config: dict[str, Any], dynamic: bool | None) -> None:
+            self.config, self.dynamic, self.name = config, dynamic, "inductor"
+
+    plain, autotuned = _TorchCompileInductorWrapper({}, None), _TorchCompileInductorWrapper({"max_autotune": True}, None)
+    assert dc.describe_backend(plain) != dc.describe_backend(autotuned) and dc.describe_backend(plain) is not None
+    assert dc.describe_backend(lambda gm, inputs: gm) is None  # a test's own backend cannot be named
+    assert dc.describe_backend(object()) is None
+    wrapped = types.SimpleNamespace(_torchdynamo_orig_backend=types.SimpleNamespace(_torchdynamo_orig_backend=plain))
+    assert dc.innermost_backend(wrapped) is plain
+    assert dc.compile_context(wrapped, False, False) != dc.compile_context(wrapped, True, False)
+    assert dc.compile_context(lambda gm, inputs: gm, False, False) is None
