@@ -348,7 +348,7 @@ def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | N
             + (f"  dynamo {run.dynamo_seconds:.2f} s" if run.dynamo_seconds is not None else "")
             + (f"  FX {run.counter('fxgraph_cache_hit')}/{run.counter('fxgraph_cache_miss')}"
                f"  AOT {run.counter('autograd_cache_hit')}/{run.counter('autograd_cache_miss')}"
-               f"  reuse {run.counter('dynamo_reused')} installed/{run.counter('dynamo_traced')} traced/"
+               f"  reuse {run.counter('dynamo_frames_reused')} frames reused/{run.counter('dynamo_traced')} traced/"
                f"{sum(v for k, v in run.counters.items() if k.startswith('dynamo_refused_'))} refused"
                f"  new {run.new_entries}  loaded {run.loaded}" if store is not None else ""))
     print(line, flush=True)
@@ -436,7 +436,7 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
     print(f"workload {wl}: torch {importlib.metadata.version('torch')}, {os.cpu_count()} CPUs, {repeats} repeats; "
           "medians of the valid runs (n: how many; a failed run, or a warm run whose cold run failed, is left out)")
     head = (f"{'mode':8} {'n':>2} {'pass/fail/err':>13} {'wall s':>7} {'compile s':>9} {'Dynamo s':>8} {'Dynamo %':>8} "
-            f"{'FX hit/miss':>11} {'AOT hit/miss':>12} {'reuse inst/traced':>17} {'precompile stored':>17}")
+            f"{'FX hit/miss':>11} {'AOT hit/miss':>12} {'frames reused/traced':>17} {'precompile stored':>17}")
     print(head)
     print("-" * len(head))
     for mode, rs in by_mode.items():
@@ -453,7 +453,7 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
               f"{fmt(share, '.0f'):>8} "
               f"{hit_miss(rs, 'fxgraph_cache_hit', 'fxgraph_cache_miss') if plugin else '':>11} "
               f"{hit_miss(rs, 'autograd_cache_hit', 'autograd_cache_miss') if plugin else '':>12} "
-              f"{hit_miss(rs, 'dynamo_reused', 'dynamo_traced') if plugin else '':>17} "
+              f"{hit_miss(rs, 'dynamo_frames_reused', 'dynamo_traced') if plugin else '':>17} "
               f"{fmt(stored, 'g') if plugin else '':>17}")
 
     def ratio(a: str, b: str, key: Callable[[Run], float | None]) -> str:
