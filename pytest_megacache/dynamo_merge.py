@@ -9,6 +9,7 @@ resume function with every package's compiled variants, once each.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 from .dynamo_objects import code_digest
@@ -16,7 +17,9 @@ from .dynamo_objects import code_digest
 
 def packages_merged(state: Any, cache: Any) -> None:
     """torch's ``record_package`` on ``cache`` (its DynamoCache) merges each package with those recorded before
-    under its key, in ``state.recorded``; a failure keeps the last package alone, as torch does, and is counted."""
+    under its key (``state.recorded``) and with the stored entry installed under it (``state.loaded``), less the
+    variants whose proofs failed in this process (``state.stale``); a failure keeps the last package alone, as torch
+    does, and is counted."""
     record = getattr(cache, "record_package", None)
     try:
         from torch._dynamo.precompile_context import PrecompileContext
@@ -35,8 +38,11 @@ def packages_merged(state: Any, cache: Any) -> None:
                 return
             per_package = state.recorded.setdefault(key, {})
             per_package[id(package)] = (package, latest)  # the package itself kept: its id is not reused
-            if len(per_package) > 1:
-                entries[key] = _merged([entry for _package, entry in per_package.values()])
+            parts = [entry for _package, entry in per_package.values()]
+            if (loaded := state.loaded.get(key)) is not None:
+                parts.insert(0, loaded)  # a package that did not load it (its install failed) would lose it
+            if len(parts) > 1 or state.stale:
+                entries[key] = _without(_merged(parts), state.stale)
         except Exception as exc:  # noqa: BLE001 - the last package alone, as torch keeps it
             state.refuse("torch_error", f"packages of one function not merged: {type(exc).__name__}: {exc}")
 
@@ -60,6 +66,17 @@ def _merged(entries: list[Any]) -> Any:
             name = _code_name(code, i, n)
             codes[name] = _merged_code(codes[name], code) if name in codes else code
     return dataclasses.replace(first, codes=list(codes.values()))
+
+
+def _without(entry: Any, stale: set[str]) -> Any:
+    """The entry without the variants whose stored guards (by digest) are in ``stale``: their proofs failed in this
+    process, so they would be refused again; a later trace stores what holds then."""
+    if not stale:
+        return entry
+    codes = [dataclasses.replace(code, guarded_codes=[
+        variant for variant in code.guarded_codes
+        if hashlib.sha256(bytes(variant.guards_state)).hexdigest() not in stale]) for code in entry.codes]
+    return dataclasses.replace(entry, codes=codes)
 
 
 def _code_name(code: Any, index: int, package: int = 0) -> tuple[str, ...]:

@@ -29,12 +29,14 @@ from .dynamo_proofs import check_proofs
 class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
 
-    __slots__ = ("code", "context", "dynamo_code", "guards_state", "key", "manager", "package", "proofs", "scope")
+    __slots__ = ("code", "context", "digest", "dynamo_code", "guards_state", "key", "manager", "package", "proofs",
+                 "scope")
 
     def __init__(self, code: Any, dynamo_code: Any, guards_state: Any, scope: dict[str, Any],
                  proofs: list[dict[str, Any]], context: str, package: Any, digest: str) -> None:
         self.code, self.dynamo_code, self.guards_state, self.scope = code, dynamo_code, guards_state, scope
         self.proofs, self.context, self.package = proofs, context, package
+        self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state)
         self.key = hashlib.sha256(f"{context}\0{digest}".encode()).hexdigest()
         self.manager: Any = None  # guards built and not handed to Dynamo yet (they fail on the frames seen so far)
 
@@ -121,8 +123,12 @@ def offer_where_traced(state: Any, torch: Any, load_guard_manager: Callable[...,
     orig_code_map, output_codes = torch._dynamo.utils.orig_code_map, convert_frame.output_codes
 
     def build(offer: Offer) -> Any:
-        check_proofs(offer.proofs, offer.scope, offer.guards_state.output_graph.local_scope,
-                     functools.partial(bind_global, offer.package, offer.scope))
+        try:
+            check_proofs(offer.proofs, offer.scope, offer.guards_state.output_graph.local_scope,
+                         functools.partial(bind_global, offer.package, offer.scope))
+        except Refused:
+            state.stale.add(offer.digest)  # not stored again from this process
+            raise
         if offer.manager is not None:
             return offer.manager
         return load_guard_manager(offer.guards_state, offer.code, offer.scope)

@@ -103,6 +103,9 @@ class _Reuse:
         self.recorded: dict[str, dict[int, tuple[Any, Any]]] = {}
         self.reasons: dict[str, str] = {}
         self.offers = Offers()
+        # key -> the stored entry installed in this process; the stored variants whose proofs failed here (digests)
+        self.loaded: dict[str, Any] = {}
+        self.stale: set[str] = set()
         self.contexts: list[str | None] = []  # the compile contexts of the frames being traced (innermost last)
 
     def count(self, name: str, n: int = 1) -> None:
@@ -272,7 +275,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     def load_guards_state_proven(data: bytes) -> Any:
         proofs, context, inner = unpack_guards(data)
         loaded = load_guards_state(inner)
-        state.pending[id(loaded)] = (proofs, context, hashlib.sha256(inner).hexdigest())
+        state.pending[id(loaded)] = (proofs, context, hashlib.sha256(data).hexdigest())
         return loaded
 
     package.load_guards_state = load_guards_state_proven
@@ -345,6 +348,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             return None
         try:
             initialize(self, fn, dynamo, ignore_inlined_sources)
+            self._megacache_loaded = dynamo
             return None
         except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
             state.refuse_error(exc)
@@ -358,6 +362,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     @functools.wraps(install_package)
     def install_or_fresh(self: Any, backends: Any) -> None:
+        loaded = self.__dict__.pop("_megacache_loaded", None)
         if self.__dict__.pop("_megacache_fresh", False):
             return
         modules = [sys.modules.get(entry.python_module) for entry in list(self._codes.values())]
@@ -383,6 +388,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             eval_frame.skip_code = skip_code
             state.installing = None
         state.count("dynamo_reused")
+        if loaded is not None:
+            state.loaded[self.source_id] = loaded  # what the store held: merged into what this process stores
         _advance_unique_ids(bytecode_transformation, modules)
         _record_used(torch, cache, self)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
@@ -384,6 +385,10 @@ def test_merged_packages_keep_each_variant_and_resume_function_once(monkeypatch:
     assert [v.guards_state for v in main.guarded_codes] == [b"g1", b"g2", b"g3"]
     assert main.backend_ids == ["be1", "be2"] and main.import_sources == {"a": "b"} and not main.bypassed
     assert [v.guards_state for v in resume.guarded_codes] == [b"r1", b"r2"] and resume.bypassed
+    # a variant whose proofs failed in this process is not stored again from it
+    kept = dynamo_merge._without(merged, {hashlib.sha256(b"g2").hexdigest(), hashlib.sha256(b"r1").hexdigest()})
+    assert [[v.guards_state for v in code.guarded_codes] for code in kept.codes] == [[b"g1", b"g3"], [b"r2"]]
+    assert dynamo_merge._without(merged, set()) is merged
     other = _Entry([_Code((lambda y: y + 1).__code__, "m", [], [], [], {}, False)])
     with pytest.raises(ValueError, match="other code"):
         dynamo_merge._merged([first, other])
