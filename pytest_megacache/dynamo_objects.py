@@ -163,9 +163,24 @@ def _cells(fn: types.FunctionType, depth: int) -> str | None:
         if what is None and _plain(content):
             what = ["value", f"{type(content).__qualname__}:{content!r}"]
         if what is None:
+            what = _plain_state(content)
+        if what is None:
             return None
         h.update(json.dumps(what).encode() + b"\0")
     return h.hexdigest()
+
+
+def _plain_state(obj: Any) -> list[str] | None:
+    """An instance held by a closure (a decorator class's instance, say) as its class's definition and its state,
+    where that state is plain values only (an equal description is an object of the same definition and state)."""
+    cls = type(obj)
+    state = getattr(obj, "__dict__", None)
+    if (not isinstance(state, dict) or cls.__module__ == "builtins" or "<locals>" in cls.__qualname__
+            or any("__slots__" in vars(c) for c in cls.__mro__)):
+        return None
+    if not all(isinstance(k, str) and _plain(v) for k, v in state.items()):
+        return None
+    return ["state", str(cls.__module__), cls.__qualname__, class_digest(cls), repr(sorted(state.items()))]
 
 
 def describe(obj: Any, depth: int = 0) -> list[str] | None:

@@ -184,6 +184,28 @@ def calls_fn(fn, x):
     return fn(x) * 2
 
 
+class Scaling:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, func):
+        @functools.wraps(func)
+        def wrapper(x):
+            return func(x) * self.k
+
+        return wrapper
+
+
+@Scaling(3)
+def scaled_stable(x):
+    return x + 1
+
+
+@Scaling(@SCALING@)
+def scaled_edited(x):
+    return x + 1
+
+
 def type_of(x):
     if type(x) is torch.Tensor:
         return x + 1
@@ -356,6 +378,14 @@ def test_function_passed_as_argument():
     same(torch.compile(edits.calls_fn), edits.calls_fn, edits.decorated_stable, X)
 
 
+def test_decorator_instance_unchanged():
+    same(torch.compile(edits.calls_fn), edits.calls_fn, edits.scaled_stable, X)
+
+
+def test_decorator_instance_state_changed():  # the instance in the wrapper's closure holds another value warm
+    same(torch.compile(edits.calls_fn), edits.calls_fn, edits.scaled_edited, X)
+
+
 def test_type_of_a_tensor_unchanged():
     same(torch.compile(edits.type_of), edits.type_of, X)
 
@@ -420,9 +450,9 @@ def test_training_step():
 
 VARIANTS = {
     1: {"SCALE": "2.0", "BODY": "2", "HELPER": "1", "DEFAULT": "3", "METHOD": "2", "CLASS_METHOD": "1",
-        "GETTER": "2", "DECORATED": "2"},
+        "GETTER": "2", "DECORATED": "2", "SCALING": "2"},
     2: {"SCALE": "5.0", "BODY": "7", "HELPER": "4", "DEFAULT": "6", "METHOD": "9", "CLASS_METHOD": "3",
-        "GETTER": "4", "DECORATED": "6"},
+        "GETTER": "4", "DECORATED": "6", "SCALING": "4"},
 }
 
 
@@ -513,7 +543,7 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (28, 0), (name, run.result.outlines[-80:])
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (30, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -529,7 +559,8 @@ class TestDynamoReuse:
         assert c["dynamo_reused"] >= 5 and c["dynamo_frames_reused"] >= 5, c
         for test in ("test_unchanged", "test_same_name_same_line_in_two_modules", "test_decorated_at_import",
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
-                     "test_function_passed_as_argument", "test_type_of_a_tensor_unchanged",
+                     "test_function_passed_as_argument", "test_decorator_instance_unchanged",
+                     "test_type_of_a_tensor_unchanged",
                      "test_one_function_in_two_wrappers"):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
 
@@ -546,6 +577,7 @@ class TestDynamoReuse:
                      "test_class_method_rebound_by_monkeypatch", "test_a_warning_shown_while_traced",
                      "test_decorated_function_edited", "test_tensor_subclass_where_the_class_was",
                      "test_module_attribute_rebound", "test_another_compile_than_stored",
+                     "test_decorator_instance_state_changed",
                      "test_a_configuration_patched_around_the_call"):
             assert _compiles(warm, test) > 0, test
 

@@ -465,3 +465,28 @@ def test_the_compile_context_names_the_backend_and_sorts_what_hashing_orders() -
     assert dc.innermost_backend(wrapped) is plain
     assert dc.compile_context(wrapped, False, False) != dc.compile_context(wrapped, True, False)
     assert dc.compile_context(lambda gm, inputs: gm, False, False) is None
+
+
+class _Scaling:
+    def __init__(self, k: Any) -> None:
+        self.k = k
+
+    def __call__(self, func: Any) -> Any:
+        @functools.wraps(func)
+        def wrapper(x: Any) -> Any:
+            return func(x) * self.k
+
+        return wrapper
+
+
+def _base(x: Any) -> Any:
+    return x + 1
+
+
+def test_a_closure_holding_an_instance_is_described_by_its_class_and_plain_state() -> None:
+    from pytest_megacache.dynamo_objects import describe
+
+    two, again, four = _Scaling(2)(_base), _Scaling(2)(_base), _Scaling(4)(_base)
+    assert describe(two) is not None and describe(two) == describe(again) and describe(two) != describe(four)
+    assert describe(_Scaling(object())(_base)) is None  # state that is not plain values: no stable description
+    assert describe(_Scaling([1])(_base)) is None
