@@ -159,8 +159,8 @@ def test_the_vector_isa_check_is_not_run_again_warm(matrix: Matrix, results: Res
 @pytest.mark.tier("reuse")
 def test_dynamo_reuse_is_used_where_checked_and_refused_with_one_warning_elsewhere(matrix: Matrix,
                                                                                    results: Results) -> None:
-    """--megacache-precompile: on a release its checks were written for, the warm session installs what the cold one
-    stored and traces less; elsewhere the option is ignored with one warning. The outcomes are the plugin-off
+    """--megacache-precompile: on a release its checks were written for, the warm session takes frames the cold one
+    stored instead of tracing them; elsewhere the option is ignored with one warning. The outcomes are the plugin-off
     session's either way."""
     from pytest_megacache import dynamo_reuse
 
@@ -178,10 +178,12 @@ def test_dynamo_reuse_is_used_where_checked_and_refused_with_one_warning_elsewhe
         return
     cold_c = {k: int(v) for k, v in cold.report["torch"]["counters"].items()}  # type: ignore[index]
     assert cold_c.get("dynamo_stored", 0) >= 1, cold_c
-    assert c.get("dynamo_reused", 0) >= 1 and c.get("dynamo_traced", 0) < cold_c.get("dynamo_traced", 0), (cold_c, c)
+    assert c.get("dynamo_frames_reused", 0) >= 1 and c.get("dynamo_traced", 0) < cold_c.get("dynamo_traced", 0), (
+        cold_c, c)
     refused = {k: v for k, v in c.items() if k.startswith("dynamo_refused_") and v}
     results.record("reuse", "hit", f"cold traced {cold_c.get('dynamo_traced')} / stored {cold_c.get('dynamo_stored')}; "
-                   f"warm installed {c.get('dynamo_reused')} / traced {c.get('dynamo_traced')}; refused {refused}")
+                   f"warm frames reused {c.get('dynamo_frames_reused')} / traced {c.get('dynamo_traced')}; "
+                   f"refused {refused}")
 
 
 @pytest.mark.tier("cli")

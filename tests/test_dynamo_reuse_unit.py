@@ -175,8 +175,8 @@ def test_the_report_line_counts_reuse_and_refusals() -> None:
     assert dynamo_reuse_text({"fxgraph_cache_hit": 3}) == ""
     line = dynamo_reuse_text({"dynamo_reused": 5, "dynamo_frames_reused": 7, "dynamo_traced": 2, "dynamo_stored": 2,
                               "dynamo_refused_code_changed": 1, "dynamo_refused_global_changed": 2})
-    assert line == ("Dynamo reuse 7 frames reused / 2 traced / 3 refused (code changed 1, global changed 2), "
-                    "5 entries loaded, 2 stored")
+    assert line == ("Dynamo reuse 7 frames reused / 2 traced (78 % reused) / 3 refused (code changed 1, "
+                    "global changed 2), 5 entries loaded, 2 stored")
 
 
 # --- proofs rooted at a frame's locals, address-named globals, module members ------------------------------------
