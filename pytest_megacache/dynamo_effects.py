@@ -1,7 +1,7 @@
 """What a trace or a load does besides its result, kept apart from Dynamo reuse's wrappers
 (:mod:`pytest_megacache.dynamo_reuse`):
 
-- **Warnings shown while a frame is traced.** An installed entry is not traced, so what its trace showed would not
+- **Warnings shown while a frame is traced.** A frame taken from the store is not traced, so what its trace showed would not
   be shown: :func:`watch_warnings` notes the compiles during which a warning was shown, and such a frame is never
   stored (:func:`code_key` names it).
 - **A stored entry torch fails to load.** :func:`failed_load_contained` counts it as refused and keeps torch's log

@@ -20,11 +20,16 @@ bytecode, its guards and the compiled graphs. As torch ships it, it is not safe 
 2. **Guards stay whole.** The running process keeps every guard torch would build without the option. A guard on
    the identity of a global (a module, a function, a builtin, a class, reached by a path of attributes and keys from
    the module's globals) is stored with a *proof*: what that object was (module name; module, qualname and code
-   digest of a function; ...). On load each proof is checked against the object the path names now, and the guard is
-   rebuilt on that object, so a later rebinding still recompiles. A guard that cannot be proven (an object's
-   identity on a local, a dict version, a weak reference, anything of another kind) leaves that frame out of the
-   store; it compiles as usual.
-3. **Per frame, fail open.** Whatever fails while storing or loading one frame (an unpicklable object, a class in
+   digest of a function; ...). Where a stored variant is offered each proof is checked against the object the path
+   names then, and the guard is rebuilt on that object, so a later rebinding still recompiles. A guard that cannot
+   be proven (an instance's identity, a dict version, a weak reference, anything of another kind) leaves that frame
+   out of the store; it compiles as usual.
+3. **Offered where Dynamo would trace, under the same compile.** A loaded entry's variants are not installed on the
+   code when a function is wrapped (torch would run them under any wrapper's backend): each is an offer
+   (:mod:`pytest_megacache.dynamo_offers`), taken where Dynamo is about to trace a frame of that code, only under the
+   compile context it was stored with (:mod:`pytest_megacache.dynamo_context`: backend, mode, ``fullgraph``,
+   compile settings).
+4. **Per frame, fail open.** Whatever fails while storing or loading one frame (an unpicklable object, a class in
    local scope, a missing or run-time generated module, a source change, torch's own errors) costs that frame only:
    it is traced exactly as without the option, and counted.
 
