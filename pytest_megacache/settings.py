@@ -149,8 +149,9 @@ OPTIONS: tuple[Option, ...] = (
                      "cover the session, sparing its worker pool; keep: torch's default."),
     Option("precompile", "--megacache-precompile", "MEGACACHE_PRECOMPILE", "megacache_precompile", "bool",
            "Opt-in: reuse Dynamo's traced work for unchanged code (torch's caching precompile behind the plugin's "
-           "checks: entries keyed by the code itself, every live guard kept, identity guards on globals proven at "
-           "load, each frame failing open). Ignored, with a warning, on a torch release it was not checked on "
+           "checks: entries keyed by the code itself, every live guard kept, identity guards proven where a stored "
+           "variant is taken, variants taken only under the backend, mode and settings they were compiled under, "
+           "each frame failing open). Ignored, with a warning, on a torch release it was not checked on "
            "(docs/what-is-cached.md). Off by default."),
     Option("eager_backward", "--megacache-eager-backward", "MEGACACHE_EAGER_BACKWARD", "megacache_eager_backward",
            "bool", "Opt-in: compile each AOTAutograd backward together with its forward (torch's functorch "
