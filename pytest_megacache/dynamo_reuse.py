@@ -405,6 +405,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # later one, and every traced frame pays AOTAutograd in full. The key is computed as 2.12 computes it, without
     # that name: torch stores the entry without it and names the hit after the current frame's function.
     _key_without_backend_id()
+    # torch records, for every function a trace inlined, its source lines' checksum and its module's content, read
+    # again from the file at each trace (5 of the 8 seconds that caching precompile added to a cold run of 240
+    # tests): what it records of one code object is kept for the process.
+    _inlined_sources_once(package)
     # With caching precompile torch bundles every AOTAutograd entry with its compiled code, and asserts when a
     # graph's code is not Inductor's output (seen on an H100 training step: "expected OutputCode, got method"), which
     # fails the test. Such a graph gets no entry (as without the option, where it has no FX-graph key to store);
@@ -467,6 +471,25 @@ def _bundling_fails_open(state: _Reuse) -> None:
 
     cache.make_entry = staticmethod(make_entry_or_none)
     cache.save = staticmethod(save_entry)
+
+
+def _inlined_sources_once(package: Any) -> None:
+    source_info: Any = getattr(package, "SourceInfo", None)
+    add_code = getattr(source_info, "add_code", None)
+    if add_code is None or "inlined_sources" not in getattr(source_info, "__dataclass_fields__", {}):
+        return
+    known: dict[int, tuple[Any, frozenset[Any]]] = {}  # id(code) -> the code (its id is not reused), what it added
+
+    @functools.wraps(add_code)
+    def add_code_once(self: Any, code: Any) -> None:
+        seen = known.get(id(code))
+        if seen is None or seen[0] is not code:
+            scratch = source_info(inlined_sources=set())
+            add_code(scratch, code)  # raises as torch does: nothing is kept then
+            seen = known[id(code)] = (code, frozenset(scratch.inlined_sources))
+        self.inlined_sources.update(seen[1])
+
+    source_info.add_code = add_code_once
 
 
 def _key_without_backend_id() -> None:

@@ -490,3 +490,35 @@ def test_a_closure_holding_an_instance_is_described_by_its_class_and_plain_state
     assert describe(two) is not None and describe(two) == describe(again) and describe(two) != describe(four)
     assert describe(_Scaling(object())(_base)) is None  # state that is not plain values: no stable description
     assert describe(_Scaling([1])(_base)) is None
+
+
+def test_what_torch_records_of_an_inlined_function_is_read_once_per_code_object() -> None:
+    reads: list[Any] = []
+
+    @dataclasses.dataclass
+    class SourceInfo:  # torch's, as its package module defines it: one entry per inlined function's source
+        inlined_sources: set[tuple[str, int]]
+
+        def add_code(self, code: types.CodeType) -> None:
+            reads.append(code)
+            if code.co_name == "mismatched":
+                raise AssertionError("Source mismatch")
+            self.inlined_sources.add((code.co_name, code.co_firstlineno))
+
+    package = types.SimpleNamespace(SourceInfo=SourceInfo)
+    dr._inlined_sources_once(package)
+    first, second = SourceInfo(set()), SourceInfo(set())
+    first.add_code(_base.__code__)
+    second.add_code(_base.__code__)
+    second.add_code(_Scaling.__call__.__code__)
+    assert reads == [_base.__code__, _Scaling.__call__.__code__]  # read once, recorded in each package
+    assert first.inlined_sources == {("_base", _base.__code__.co_firstlineno)}
+    assert len(second.inlined_sources) == 2
+
+    def mismatched() -> None:
+        pass
+
+    for _ in range(2):  # torch's own failure, every time: nothing is kept of it
+        with pytest.raises(AssertionError, match="mismatch"):
+            first.add_code(mismatched.__code__)
+    assert reads[-2:] == [mismatched.__code__] * 2
