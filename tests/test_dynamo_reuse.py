@@ -8,12 +8,15 @@ The two sessions run once, in one chain (a class-scoped fixture), and the tests 
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pytest_megacache import dynamo_reuse
 
 from .helpers_torch import Run, TorchProject, skip_without_torch
 
@@ -561,15 +564,17 @@ class TestDynamoReuse:
         assert cold.report is not None and cold.report["upload"]["new_entries"].get("torch/precompile", 0) >= 10
 
     def test_unchanged_code_is_reused_warm_without_tracing(self, reuse_chain: ReuseChain) -> None:
-        """The positive case: what did not change is installed from the store, and Dynamo does not trace it."""
+        """The positive case: what did not change is taken from the store, and Dynamo does not trace it. Where the
+        packages of one function's wrappers are not merged (torch keeps the last one), the first wrapper's variant of
+        a function wrapped twice is not stored."""
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
         c = _counters(warm)
         assert c["dynamo_reused"] >= 5 and c["dynamo_frames_reused"] >= 5, c
+        merged = dynamo_reuse.release_checked(importlib.metadata.version("torch"), dynamo_reuse.MERGED_RELEASES)
         for test in ("test_unchanged", "test_same_name_same_line_in_two_modules", "test_decorated_at_import",
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
                      "test_function_passed_as_argument", "test_decorator_instance_unchanged",
-                     "test_type_of_a_tensor_unchanged",
-                     "test_one_function_in_two_wrappers"):
+                     "test_type_of_a_tensor_unchanged", *(("test_one_function_in_two_wrappers",) if merged else ())):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
 
     def test_changed_code_is_traced_again(self, reuse_chain: ReuseChain) -> None:
