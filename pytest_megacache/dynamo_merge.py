@@ -9,10 +9,10 @@ resume function with every package's compiled variants, once each.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from typing import Any
 
 from .dynamo_objects import code_digest
+from .dynamo_proofs import guards_digest
 
 
 def packages_merged(state: Any, cache: Any) -> None:
@@ -75,7 +75,7 @@ def _without(entry: Any, stale: set[str]) -> Any:
         return entry
     codes = [dataclasses.replace(code, guarded_codes=[
         variant for variant in code.guarded_codes
-        if hashlib.sha256(bytes(variant.guards_state)).hexdigest() not in stale]) for code in entry.codes]
+        if guards_digest(variant.guards_state) not in stale]) for code in entry.codes]
     return dataclasses.replace(entry, codes=codes)
 
 

@@ -15,7 +15,6 @@ offers: the next call takes one again where torch would trace the same frame aga
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import sys
 from collections.abc import Callable
@@ -29,15 +28,13 @@ from .dynamo_proofs import check_proofs
 class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
 
-    __slots__ = ("code", "context", "digest", "dynamo_code", "guards_state", "key", "manager", "package", "proofs",
-                 "scope")
+    __slots__ = ("code", "context", "digest", "dynamo_code", "guards_state", "manager", "package", "proofs", "scope")
 
     def __init__(self, code: Any, dynamo_code: Any, guards_state: Any, scope: dict[str, Any],
                  proofs: list[dict[str, Any]], context: str, package: Any, digest: str) -> None:
         self.code, self.dynamo_code, self.guards_state, self.scope = code, dynamo_code, guards_state, scope
         self.proofs, self.context, self.package = proofs, context, package
-        self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state)
-        self.key = hashlib.sha256(f"{context}\0{digest}".encode()).hexdigest()
+        self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state): the variant
         self.manager: Any = None  # guards built and not handed to Dynamo yet (they fail on the frames seen so far)
 
 
@@ -50,7 +47,7 @@ class Offers:
     def add(self, offer: Offer) -> None:
         # the same stored variant installed again by another wrapper of the function: the latest install's globals
         # are those in the module now
-        self.by_code.setdefault(id(offer.code), {})[offer.key] = offer
+        self.by_code.setdefault(id(offer.code), {})[offer.digest] = offer
 
     def drop_package(self, package: Any) -> None:
         """A package uninstalled: its globals are gone, and so are its offers."""

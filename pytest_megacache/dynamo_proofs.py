@@ -25,7 +25,7 @@ from .dynamo_proof_globals import check_global, prove_global
 from .dynamo_proof_locals import check_local, prove_local
 
 __all__ = ["Refused", "check_proofs", "code_digest", "describe", "describe_member", "find", "function_of",
-           "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "unpack_guards"]
+           "guards_digest", "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "unpack_guards"]
 
 _MAGIC = b"megacache-guards-3\n"
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
@@ -110,6 +110,12 @@ def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes)
     (:func:`pytest_megacache.dynamo_context.compile_context`)."""
     header = json.dumps({"proofs": proofs, "context": context}, separators=(",", ":")).encode()
     return _MAGIC + len(header).to_bytes(8, "big") + header + guards_state
+
+
+def guards_digest(data: bytes) -> str:
+    """The digest of a variant's stored guards as :func:`pack_guards` wrote them: proofs, context and torch's guard
+    state, so one variant has one digest wherever it is named (an offer, the merge's variants to leave out)."""
+    return hashlib.sha256(bytes(data)).hexdigest()
 
 
 def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes]:

@@ -41,7 +41,6 @@ workers and the report carry them like torch's) say what was reused, traced, sto
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import itertools
 import os
@@ -57,6 +56,7 @@ from .dynamo_proofs import (
     Refused,
     code_digest,
     function_of,
+    guards_digest,
     pack_guards,
     prove,
     prove_class,
@@ -280,7 +280,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     def load_guards_state_proven(data: bytes) -> Any:
         proofs, context, inner = unpack_guards(data)
         loaded = load_guards_state(inner)
-        state.pending[id(loaded)] = (proofs, context, hashlib.sha256(data).hexdigest())
+        state.pending[id(loaded)] = (proofs, context, guards_digest(data))
         return loaded
 
     package.load_guards_state = load_guards_state_proven

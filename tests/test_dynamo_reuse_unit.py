@@ -437,11 +437,12 @@ def test_offers_are_kept_per_code_once_per_variant_and_dropped_with_their_packag
 
     code, package, later = (lambda x: x).__code__, object(), object()
     offers = Offers()
-    first = Offer(code, None, None, {}, [], "A", package, "digest")
+    # a variant is the digest of its stored guards, which hold its context
+    first = Offer(code, None, None, {}, [], "A", package, dp.guards_digest(b"A guards"))
     offers.add(first)
-    again = Offer(code, None, None, {}, [], "A", later, "digest")  # the same variant installed by another wrapper
+    again = Offer(code, None, None, {}, [], "A", later, dp.guards_digest(b"A guards"))  # installed by another wrapper
     offers.add(again)
-    offers.add(Offer(code, None, None, {}, [], "B", package, "digest"))
+    offers.add(Offer(code, None, None, {}, [], "B", package, dp.guards_digest(b"B guards")))
     assert len(offers) == 2 and offers.of(code)[-1] is again and offers.of((lambda y: y).__code__) == []
     offers.drop_package(package)
     assert offers.of(code) == [again]
