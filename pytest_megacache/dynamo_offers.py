@@ -28,13 +28,16 @@ from .dynamo_proofs import check_proofs
 class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
 
-    __slots__ = ("code", "context", "digest", "dynamo_code", "guards_state", "manager", "package", "proofs", "scope")
+    __slots__ = ("code", "context", "digest", "dynamo_code", "failed", "guards_state", "manager", "package", "proofs",
+                 "scope", "stored")
 
-    def __init__(self, code: Any, dynamo_code: Any, guards_state: Any, scope: dict[str, Any],
+    def __init__(self, code: Any, dynamo_code: Any, stored: bytes, scope: dict[str, Any],
                  proofs: list[dict[str, Any]], context: str, package: Any, digest: str) -> None:
-        self.code, self.dynamo_code, self.guards_state, self.scope = code, dynamo_code, guards_state, scope
+        self.code, self.dynamo_code, self.stored, self.scope = code, dynamo_code, stored, scope
         self.proofs, self.context, self.package = proofs, context, package
         self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state): the variant
+        self.guards_state: Any = None  # torch's guard state, unpickled from ``stored`` when first offered
+        self.failed: Exception | None = None  # why torch could not load it (not tried again)
         self.manager: Any = None  # guards built and not handed to Dynamo yet (they fail on the frames seen so far)
 
 
@@ -106,9 +109,11 @@ def bind_global(package: Any, scope: dict[str, Any], name: str, value: Any) -> N
     package._install_global(module, name, value)
 
 
-def offer_where_traced(state: Any, torch: Any, load_guard_manager: Callable[..., Any]) -> None:
+def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dict[str, Any]], Any],
+                       load_guard_manager: Callable[..., Any]) -> None:
     """torch's ``_compile`` (where Dynamo traces a frame that missed its cache) takes a stored variant first, and
-    records the compile context of each frame it traces for the variant stored from it."""
+    records the compile context of each frame it traces for the variant stored from it. ``load_guards`` unpickles a
+    variant's stored guard state in a module's globals, ``load_guard_manager`` builds its guards (torch's own)."""
     import torch._dynamo.convert_frame as convert_frame
 
     compile_fn = convert_frame._compile
@@ -120,6 +125,15 @@ def offer_where_traced(state: Any, torch: Any, load_guard_manager: Callable[...,
     orig_code_map, output_codes = torch._dynamo.utils.orig_code_map, convert_frame.output_codes
 
     def build(offer: Offer) -> Any:
+        if offer.failed is not None:
+            raise offer.failed
+        if offer.guards_state is None:
+            try:
+                with timed("precompile_load_guards"):
+                    offer.guards_state = load_guards(offer.stored, offer.scope)
+            except Exception as exc:  # the variant is never offered again in this process
+                offer.failed = exc
+                raise
         try:
             check_proofs(offer.proofs, offer.scope, offer.guards_state.output_graph.local_scope,
                          functools.partial(bind_global, offer.package, offer.scope))
@@ -131,6 +145,7 @@ def offer_where_traced(state: Any, torch: Any, load_guard_manager: Callable[...,
         return load_guard_manager(offer.guards_state, offer.code, offer.scope)
 
     def reused(args: dict[str, Any], context: str | None) -> Any:
+        state.install_deferred(args["code"])
         offers = state.offers.of(args["code"])
         if not offers or args.get("export") or wrap is None or guarded_code is None:
             return None

@@ -41,6 +41,7 @@ workers and the report carry them like torch's) say what was reused, traced, sto
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import itertools
 import os
@@ -49,6 +50,7 @@ import re
 import sys
 from typing import Any
 
+from . import dynamo_repairs as repairs
 from .dynamo_effects import code_key, failed_load_contained, watch_warnings
 from .dynamo_merge import packages_merged, stored_code
 from .dynamo_offers import Offer, Offers, offer_where_traced
@@ -97,7 +99,8 @@ class _Reuse:
 
     def __init__(self, rootdir: str) -> None:
         self.rootdir = rootdir
-        self.pending: dict[int, tuple[list[dict[str, Any]], str, str]] = {}  # proofs, context, digest per state
+        # per placeholder of a guard state: proofs, context, digest, torch's stored state, the placeholder
+        self.pending: dict[int, tuple[list[dict[str, Any]], str, str, bytes, Any]] = {}
         self.installing: Any = None  # the CompilePackage being installed
         self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
         self.frame_code: Any = None  # the code of the frame whose guards are being built
@@ -112,6 +115,10 @@ class _Reuse:
         self.loaded: dict[str, Any] = {}
         self.stale: set[str] = set()
         self.contexts: list[str | None] = []  # the compile contexts of the frames being traced (innermost last)
+        # id(code) -> code, function, stored entry, backends, modules missing when the function was wrapped
+        self.deferred: dict[int, tuple[Any, Any, Any, Any, tuple[str, ...]]] = {}
+        self.late: list[Any] = []  # the packages of those installed since
+        self.install_deferred: Any = lambda code: None
 
     def count(self, name: str, n: int = 1) -> None:
         try:
@@ -276,12 +283,17 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     CheckFunctionManager.serialize_guards = serialize_guards
 
     load_guards_state = package.load_guards_state
+    guards_state_class = guards.GuardsState
 
     def load_guards_state_proven(data: bytes) -> Any:
+        # torch's install unpickles every variant's guards here, and builds them next: both are left to the offer
+        # (a variant of another compile, or of a frame never called, is never unpickled), whose placeholder tells
+        # torch's install that no builtins dict is to be put in place yet (the offer does it, as torch does)
         proofs, context, inner = unpack_guards(data)
-        loaded = load_guards_state(inner)
-        state.pending[id(loaded)] = (proofs, context, guards_digest(data))
-        return loaded
+        placeholder = guards_state_class.__new__(guards_state_class)
+        object.__setattr__(placeholder, "output_graph", _NO_BUILTINS)
+        state.pending[id(placeholder)] = (proofs, context, guards_digest(data), inner, placeholder)
+        return placeholder
 
     package.load_guards_state = load_guards_state_proven
     load_guard_manager = package.load_guard_manager
@@ -290,10 +302,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         # torch's install builds every variant's guards here and installs them on the code next: each is kept as an
         # offer instead, its guards built where Dynamo is about to trace a frame of that code (_compile below)
         pending = state.pending.pop(id(guards_state), None)
-        if pending is None:
+        if pending is None or pending[4] is not guards_state:
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
-        proofs, context, digest = pending
-        return Offer(target_code, None, guards_state, runtime_global_scope, proofs, context, state.installing, digest)
+        proofs, context, digest, inner, _ = pending
+        return Offer(target_code, None, inner, runtime_global_scope, proofs, context, state.installing, digest)
 
     package.load_guard_manager = load_guard_manager_deferred
     eval_frame_c = torch._C._dynamo.eval_frame
@@ -315,7 +327,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         uninstall(self)
 
     CompilePackage.uninstall = uninstall_offers
-    offer_where_traced(state, torch, load_guard_manager)
+    offer_where_traced(state, torch, functools.partial(_guards_of, load_guards_state), load_guard_manager)
 
     # 3. Per frame, fail open. Loading: the stored main code must be the current code.
     load = cache.load
@@ -356,7 +368,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             self._megacache_loaded = dynamo
             return None
         except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
-            state.refuse_error(exc)
+            if (names := _missing_modules(exc)) is not None:
+                self._megacache_deferred = (fn, dynamo, names)  # installed where its frame runs, if they appear
+            else:
+                state.refuse_error(exc)
             _fresh(self, fn, initialize)
             self._megacache_fresh = True  # torch installs the loaded backends next: nothing is to be installed
             return None
@@ -369,6 +384,9 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     def install_or_fresh(self: Any, backends: Any) -> None:
         loaded = self.__dict__.pop("_megacache_loaded", None)
         if self.__dict__.pop("_megacache_fresh", False):
+            if (deferred := self.__dict__.pop("_megacache_deferred", None)) is not None:
+                fn, dynamo, names = deferred
+                _defer(state, self, fn, dynamo, names, backends)
             return
         modules = [sys.modules.get(entry.python_module) for entry in list(self._codes.values())]
         eval_frame = torch._dynamo.eval_frame
@@ -381,8 +399,11 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         try:
             install_package(self, backends)
         except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
-            state.refuse_error(exc)
             fn = self._innermost_fn
+            if (names := _missing_modules(exc)) is not None and loaded is not None:
+                _defer(state, self, fn, loaded, names, backends)  # an import source not there yet
+            else:
+                state.refuse_error(exc)
             try:
                 self.uninstall()
             finally:
@@ -400,20 +421,39 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     CompilePackage.install = install_or_fresh
 
+    def install_deferred(code: Any) -> None:
+        """The stored entry of a function whose modules were missing when it was wrapped, installed where a frame of
+        its code is about to be traced, once they are there (a module a library generates when it is first used)."""
+        deferred = state.deferred.get(id(code))
+        if deferred is None or deferred[0] is not code:
+            return
+        _, fn, dynamo, backends, names = deferred
+        if missing := [name for name in names if not _importable(name)]:
+            state.refuse("missing_module", f"{missing[0]} is not there")  # once per frame traced
+            return
+        del state.deferred[id(code)]
+        package = CompilePackage(fn, dynamo)
+        package.install(backends)  # may defer it again (another module missing) or refuse it, as when wrapped
+        state.late.append(package)  # its globals and offers stay as those of a wrapper's package do
+
+    state.install_deferred = install_deferred
+
     # AOTAutograd's cache under caching precompile: torch 2.13 puts the compiled function's per-process name
     # (``__compiled_fn_<n>_<uuid>``) into the entry's key, so no entry ever hits, in the run that stored it or a
     # later one, and every traced frame pays AOTAutograd in full. The key is computed as 2.12 computes it, without
     # that name: torch stores the entry without it and names the hit after the current frame's function.
-    _key_without_backend_id()
+    repairs.key_without_backend_id()
     # torch records, for every function a trace inlined, its source lines' checksum and its module's content, read
     # again from the file at each trace (5 of the 8 seconds that caching precompile added to a cold run of 240
     # tests): what it records of one code object is kept for the process.
-    _inlined_sources_once(package)
+    repairs.inlined_sources_once(package)
     # With caching precompile torch bundles every AOTAutograd entry with its compiled code, and asserts when a
     # graph's code is not Inductor's output (seen on an H100 training step: "expected OutputCode, got method"), which
     # fails the test. Such a graph gets no entry (as without the option, where it has no FX-graph key to store);
     # its frame has no stored backend then, and is traced in a later run.
-    _bundling_fails_open(state)
+    repairs.bundling_fails_open(state)
+    # torch 2.11 stores guards on a function's default values in a form it cannot load again.
+    repairs.sources_unpickle(torch)
 
     # Saving: every wrapper of one function is one entry. torch keeps the last package recorded under a key (a
     # function's source id), so where a suite wraps one function in torch.compile more than once (a test per
@@ -438,78 +478,45 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     cache.write = write_each
 
 
-def _autograd_cache() -> Any:
-    """torch's AOTAutograd cache module, or None where it has another layout (then nothing of it is changed)."""
+_NO_BUILTINS = type("NoBuiltinsYet", (), {"name_of_builtins_dict_key_in_fglobals": None})()
+
+
+def _guards_of(load_guards_state: Any, stored: bytes, scope: dict[str, Any]) -> Any:
+    """A variant's guard state unpickled by torch, with the builtins dict its guards name put into the module's
+    globals where it is missing, as torch's install does."""
+    from torch._dynamo.output_graph import get_builtins_dict
+
+    loaded = load_guards_state(stored)
+    name = getattr(loaded.output_graph, "name_of_builtins_dict_key_in_fglobals", None)
+    if name:
+        builtins_dict = get_builtins_dict(scope)
+        if scope.setdefault(name, builtins_dict) is not builtins_dict:
+            raise Refused("global_changed", f"{name} is not the builtins dict")
+    return loaded
+
+
+def _missing_modules(exc: BaseException) -> tuple[str, ...] | None:
+    """The module whose absence failed loading an entry (an import of it by torch), else None."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return (exc.name,)
+    return None
+
+
+def _importable(name: str) -> bool:
+    if name in sys.modules:
+        return True
     try:
-        import torch._functorch._aot_autograd.autograd_cache as autograd_cache
-    except Exception:  # noqa: BLE001
-        return None
-    return autograd_cache
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # noqa: BLE001 - a parent package missing, say
+        return False
 
 
-def _bundling_fails_open(state: _Reuse) -> None:
-    autograd_cache = _autograd_cache()
-    cache = getattr(autograd_cache, "AOTAutogradCache", None)
-    bundling = getattr(autograd_cache, "should_bundle_autograd_cache", None)
-    if cache is None or bundling is None or not hasattr(cache, "make_entry") or not hasattr(cache, "save"):
+def _defer(state: _Reuse, package: Any, fn: Any, dynamo: Any, names: tuple[str, ...], backends: Any) -> None:
+    code = getattr(package._innermost_fn, "__code__", None)
+    if code is None:
+        state.refuse("missing_module", f"{names[0]} is not there")
         return
-    make_entry, save = cache.make_entry, cache.save
-
-    @functools.wraps(make_entry)
-    def make_entry_or_none(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return make_entry(*args, **kwargs)
-        except Exception as exc:
-            if not autograd_cache.should_bundle_autograd_cache():
-                raise
-            state.refuse("torch_error", f"AOTAutograd entry not bundled: {type(exc).__name__}: {exc}")
-            return None
-
-    @functools.wraps(save)
-    def save_entry(key: Any, entry: Any, *args: Any, **kwargs: Any) -> Any:
-        return None if entry is None else save(key, entry, *args, **kwargs)
-
-    cache.make_entry = staticmethod(make_entry_or_none)
-    cache.save = staticmethod(save_entry)
-
-
-def _inlined_sources_once(package: Any) -> None:
-    source_info: Any = getattr(package, "SourceInfo", None)
-    add_code = getattr(source_info, "add_code", None)
-    if add_code is None or "inlined_sources" not in getattr(source_info, "__dataclass_fields__", {}):
-        return
-    known: dict[int, tuple[Any, frozenset[Any]]] = {}  # id(code) -> the code (its id is not reused), what it added
-
-    @functools.wraps(add_code)
-    def add_code_once(self: Any, code: Any) -> None:
-        seen = known.get(id(code))
-        if seen is None or seen[0] is not code:
-            scratch = source_info(inlined_sources=set())
-            add_code(scratch, code)  # raises as torch does: nothing is kept then
-            seen = known[id(code)] = (code, frozenset(scratch.inlined_sources))
-        self.inlined_sources.update(seen[1])
-
-    source_info.add_code = add_code_once
-
-
-def _key_without_backend_id() -> None:
-    pickler = getattr(_autograd_cache(), "AOTAutogradCachePickler", None)
-    reduce = getattr(pickler, "_reduce_aot_config", None)
-    if pickler is None or reduce is None:
-        return
-
-    @functools.wraps(reduce)
-    def reduce_aot_config(self: Any, aot_config: Any) -> Any:
-        backend_id = getattr(aot_config, "precompile_backend_id", None)
-        if backend_id is None:
-            return reduce(self, aot_config)
-        object.__setattr__(aot_config, "precompile_backend_id", None)  # a frozen dataclass
-        try:
-            return reduce(self, aot_config)
-        finally:
-            object.__setattr__(aot_config, "precompile_backend_id", backend_id)
-
-    pickler._reduce_aot_config = reduce_aot_config
+    state.deferred[id(code)] = (code, fn, dynamo, backends, names)
 
 
 def _no_skip(*_args: Any, **_kwargs: Any) -> None:

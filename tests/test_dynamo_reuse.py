@@ -80,6 +80,14 @@ def with_default(x, k=@DEFAULT@):
     return x * k
 
 
+def scaled_by_default(x, k=3.0):
+    return x * k
+
+
+def calls_with_default(x):  # inlines a function reading its default value (a guard on G[...].__defaults__[0])
+    return scaled_by_default(x) + 1
+
+
 def rebound_target(x):
     return x + 1
 
@@ -274,6 +282,22 @@ def setup(folder, factor):
 @torch.compile
 def compiled_call(x):
     return generated.kernel(x) + 1
+
+
+stable = None
+
+
+def setup_stable(folder):
+    global stable
+    (folder / "gen_stable.py").write_text("def kernel(x):\\n    return x * 5 - 2\\n")
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    stable = importlib.import_module("gen_stable")
+
+
+@torch.compile
+def compiled_stable(x):
+    return stable.kernel(x) + 1
 """
 
 TESTS = """
@@ -327,6 +351,10 @@ def test_closure_variable_changed():
 
 def test_default_argument_changed():
     same(torch.compile(edits.with_default), edits.with_default, X)
+
+
+def test_inlined_default_argument_unchanged():
+    same(torch.compile(edits.calls_with_default), edits.calls_with_default, X)
 
 
 def test_module_method_edited_and_mode():
@@ -437,6 +465,11 @@ def test_a_warning_shown_while_traced():
 def test_generated_module(tmp_path):
     generator.setup(tmp_path, 2 + VARIANT)
     same(generator.compiled_call, lambda x: generator.generated.kernel(x) + 1, X)
+
+
+def test_generated_module_unchanged(tmp_path):
+    generator.setup_stable(tmp_path)
+    same(generator.compiled_stable, lambda x: generator.stable.kernel(x) + 1, X)
 
 
 def test_training_step():
@@ -554,7 +587,7 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (30, 0), (name, run.result.outlines[-80:])
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (32, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -574,7 +607,8 @@ class TestDynamoReuse:
         for test in ("test_unchanged", "test_same_name_same_line_in_two_modules", "test_decorated_at_import",
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
                      "test_function_passed_as_argument", "test_decorator_instance_unchanged",
-                     "test_type_of_a_tensor_unchanged", *(("test_one_function_in_two_wrappers",) if merged else ())):
+                     "test_type_of_a_tensor_unchanged", "test_inlined_default_argument_unchanged",
+                     *(("test_one_function_in_two_wrappers",) if merged else ())):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
 
     def test_changed_code_is_traced_again(self, reuse_chain: ReuseChain) -> None:
@@ -618,9 +652,14 @@ class TestDynamoReuse:
         test = "test_global_function_rebound_after_a_call"
         assert (_compiles(cold, test), _compiles(warm, test)) == (2, 0)
 
-    def test_a_module_generated_at_run_time_is_refused_until_it_exists(self, reuse_chain: ReuseChain) -> None:
-        c = _counters(reuse_chain.runs["warm"])
-        assert c["dynamo_refused_missing_module"] >= 1, c
+    def test_a_module_generated_at_run_time_is_installed_once_it_exists(self, reuse_chain: ReuseChain) -> None:
+        """Both functions are wrapped at import, before the module they call into is generated: their entries are
+        installed where they are first called, the module there then. One module is generated as it was cold (its
+        function reused), the other from another template (torch's source check refuses it: traced)."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        assert _compiles(cold, "test_generated_module_unchanged") > 0
+        assert _compiles(warm, "test_generated_module_unchanged") == 0
+        assert _compiles(warm, "test_generated_module") > 0
 
     def test_the_report_says_what_was_reused_and_refused(self, reuse_chain: ReuseChain) -> None:
         warm = reuse_chain.runs["warm"]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_megacache import dynamo_proofs as dp
+from pytest_megacache import dynamo_repairs
 from pytest_megacache import dynamo_reuse as dr
 from pytest_megacache.dynamo_paths import path_text
 from pytest_megacache.report import dynamo_reuse_text
@@ -410,9 +411,9 @@ def _offer(context: str, outcome: Any) -> Any:
 
 
 def _build(offer: Any) -> Any:
-    if isinstance(offer.guards_state, Exception):
-        raise offer.guards_state
-    return offer.guards_state
+    if isinstance(offer.stored, Exception):
+        raise offer.stored
+    return offer.stored
 
 
 def test_an_offer_is_taken_only_under_its_context_with_its_proofs_and_guards() -> None:
@@ -421,8 +422,8 @@ def test_an_offer_is_taken_only_under_its_context_with_its_proofs_and_guards() -
     failing, other, unproven, holding = (_offer("A", _Guards(False)), _offer("B", _Guards(True)),
                                          _offer("A", dp.Refused("global_changed", "rebound")), _offer("A", _Guards(True)))
     found, refusal = take([failing, other, unproven, holding], "A", {"x": 1}, _build)
-    assert found is not None and found[0] is holding and found[1] is holding.guards_state and refusal is None
-    assert failing.manager is failing.guards_state and holding.manager is None  # kept unless handed to Dynamo
+    assert found is not None and found[0] is holding and found[1] is holding.stored and refusal is None
+    assert failing.manager is failing.stored and holding.manager is None  # kept unless handed to Dynamo
     # nothing holds: why, per frame: a failed proof first, another context only where no offer of this one exists
     assert take([other, unproven, failing], "A", {"x": 1}, _build) == (None, ("global_changed", "global_changed: rebound"))
     assert take([other], "A", {"x": 1}, _build)[1] == (
@@ -507,7 +508,7 @@ def test_what_torch_records_of_an_inlined_function_is_read_once_per_code_object(
             self.inlined_sources.add((code.co_name, code.co_firstlineno))
 
     package = types.SimpleNamespace(SourceInfo=SourceInfo)
-    dr._inlined_sources_once(package)
+    dynamo_repairs.inlined_sources_once(package)
     first, second = SourceInfo(set()), SourceInfo(set())
     first.add_code(_base.__code__)
     second.add_code(_base.__code__)
@@ -523,3 +524,36 @@ def test_what_torch_records_of_an_inlined_function_is_read_once_per_code_object(
         with pytest.raises(AssertionError, match="mismatch"):
             first.add_code(mismatched.__code__)
     assert reads[-2:] == [mismatched.__code__] * 2
+
+
+def test_a_source_pickled_with_its_derived_fields_is_built_again_from_them() -> None:
+    import pickle
+
+    @dataclasses.dataclass(frozen=True)
+    class Defaults:  # torch 2.11's DefaultsSource, as its reduce pickles it: every field, the derived ones too
+        base: str
+        idx_key: int | str
+        is_kw: bool = False
+        field: str = dataclasses.field(init=False, repr=False, compare=False)
+
+        def __post_init__(self) -> None:
+            object.__setattr__(self, "field", "__kwdefaults__" if self.is_kw else "__defaults__")
+
+        def __reduce__(self) -> Any:
+            return type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    globals()["_Defaults"] = Defaults  # picklable by name
+    Defaults.__qualname__ = "_Defaults"
+    try:
+        stored = pickle.dumps(Defaults("fn", 1))
+        with pytest.raises(TypeError, match="positional"):
+            pickle.loads(stored)
+        dynamo_repairs._constructor_takes_derived(Defaults)
+        assert pickle.loads(stored) == Defaults("fn", 1) and pickle.loads(stored).field == "__defaults__"
+        assert Defaults("fn", "k", True).field == "__kwdefaults__"  # the constructor's own calls as before
+        with pytest.raises(TypeError, match="not the value derived"):
+            Defaults("fn", 1, False, "__kwdefaults__")
+        with pytest.raises(TypeError):
+            Defaults("fn", 1, False, "__defaults__", "more")
+    finally:
+        del globals()["_Defaults"]
