@@ -327,7 +327,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         uninstall(self)
 
     CompilePackage.uninstall = uninstall_offers
-    offer_where_traced(state, torch, functools.partial(_guards_of, load_guards_state), load_guard_manager)
+    from torch._dynamo.output_graph import get_builtins_dict
+
+    offer_where_traced(state, torch, functools.partial(_guards_of, load_guards_state, get_builtins_dict,
+                                                       bytecode_transformation), load_guard_manager)
 
     # 3. Per frame, fail open. Loading: the stored main code must be the current code.
     load = cache.load
@@ -481,17 +484,21 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 _NO_BUILTINS = type("NoBuiltinsYet", (), {"name_of_builtins_dict_key_in_fglobals": None})()
 
 
-def _guards_of(load_guards_state: Any, stored: bytes, scope: dict[str, Any]) -> Any:
-    """A variant's guard state unpickled by torch, with the builtins dict its guards name put into the module's
-    globals where it is missing, as torch's install does."""
-    from torch._dynamo.output_graph import get_builtins_dict
-
+def _guards_of(load_guards_state: Any, builtins_of: Any, bytecode_transformation: Any, stored: bytes,
+               scope: dict[str, Any]) -> Any:
+    """A variant's guard state unpickled by torch (``load_guards_state``), with the builtins dict its guards name put
+    into the module's globals where it is missing, as torch's install does (``builtins_of``: torch's
+    ``get_builtins_dict``)."""
     loaded = load_guards_state(stored)
     name = getattr(loaded.output_graph, "name_of_builtins_dict_key_in_fglobals", None)
     if name:
-        builtins_dict = get_builtins_dict(scope)
+        builtins_dict = builtins_of(scope)
         if scope.setdefault(name, builtins_dict) is not builtins_dict:
             raise Refused("global_changed", f"{name} is not the builtins dict")
+        # numbered by the tracing process: a frame traced from now on must not pick the same name (torch asserts,
+        # and the frame runs eagerly)
+        if match := _NUMBERED.match(name):
+            _advance_past(bytecode_transformation, int(match.group(1)))
     return loaded
 
 
@@ -560,10 +567,14 @@ def _advance_unique_ids(bytecode_transformation: Any, modules: list[Any]) -> Non
         for name in list(vars(module)):
             if name.startswith("__") and (match := _NUMBERED.match(name)):
                 highest = max(highest, int(match.group(1)))
-    if highest < 0:
-        return
+    if highest >= 0:
+        _advance_past(bytecode_transformation, highest)
+
+
+def _advance_past(bytecode_transformation: Any, number: int) -> None:
+    """torch's per-process counter of numbered names moved past ``number``."""
     current = next(bytecode_transformation._unique_id_counter)
-    bytecode_transformation._unique_id_counter = itertools.count(max(current, highest + 1))
+    bytecode_transformation._unique_id_counter = itertools.count(max(current, number + 1))
 
 
 def refusal_reasons() -> dict[str, str]:

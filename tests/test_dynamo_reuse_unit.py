@@ -557,3 +557,22 @@ def test_a_source_pickled_with_its_derived_fields_is_built_again_from_them() -> 
             Defaults("fn", 1, False, "__defaults__", "more")
     finally:
         del globals()["_Defaults"]
+
+
+def test_a_variants_builtins_dict_is_put_in_place_when_offered_and_its_number_never_picked_again() -> None:
+    import itertools
+
+    builtins_dict: dict[str, Any] = {"len": len}
+    counter = types.SimpleNamespace(_unique_id_counter=itertools.count(3))  # torch's per-process numbering
+    stored = types.SimpleNamespace(output_graph=types.SimpleNamespace(
+        name_of_builtins_dict_key_in_fglobals="__builtins_dict___41"))
+    scope: dict[str, Any] = {"__builtins__": builtins_dict}
+    loaded = dr._guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
+    assert loaded is stored and scope["__builtins_dict___41"] is builtins_dict
+    assert next(counter._unique_id_counter) == 42  # a frame traced next names its globals after it
+    counter._unique_id_counter = itertools.count(100)
+    dr._guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
+    assert next(counter._unique_id_counter) == 100  # never moved back
+    scope["__builtins_dict___41"] = {"len": None}
+    with pytest.raises(dp.Refused, match="not the builtins dict"):
+        dr._guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
