@@ -6,6 +6,8 @@ the form it was written against (else nothing of it is changed).
 - :func:`bundling_fails_open`: an AOTAutograd entry that cannot be bundled is not stored, instead of failing the test.
 - :func:`sources_unpickle`: a stored guard on a function's default value loads again (torch 2.11 pickles a source's
   derived fields, which its constructor does not take).
+- :func:`backendless_variants_dropped`: a variant whose compiled graph has no stored backend is left out of what is
+  written, instead of every variant of its code.
 """
 
 from __future__ import annotations
@@ -137,3 +139,48 @@ def _constructor_takes_derived(cls: type) -> None:
 
     cls.__init__ = __init__  # type: ignore[misc]
     cls._megacache_unpickles = True  # type: ignore[attr-defined]
+
+
+def backendless_variants_dropped(package: Any) -> None:
+    """torch writes no variant of a code object where one variant's compiled graph has no stored backend (a forward
+    whose backward never ran, a graph Inductor did not compile through its cache): it logs "Backend not found" and
+    bypasses the code, so its other variants, complete as they are, are traced again in every run. Here only the
+    variants whose bytecode calls a missing backend are left out of what is written; a code left with none is
+    bypassed as torch does."""
+    entry_class: Any = getattr(package, "PrecompileCacheEntry", None)
+    from_cache_entry = getattr(entry_class, "from_cache_entry", None)
+    if from_cache_entry is None:
+        return
+
+    @functools.wraps(from_cache_entry)
+    def from_cache_entry_per_variant(cache_entry: Any, backends: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            cache_entry = _without_backendless(cache_entry, backends)
+        except Exception:  # noqa: BLE001 - torch's own handling of the entry, as without this
+            pass
+        return from_cache_entry(cache_entry, backends, *args, **kwargs)
+
+    entry_class.from_cache_entry = staticmethod(from_cache_entry_per_variant)
+
+
+def _without_backendless(cache_entry: Any, backends: Any) -> Any:
+    codes, changed = [], False
+    for code in cache_entry.codes:
+        missing = {backend for backend in code.backend_ids if backend not in backends}
+        if missing and not code.bypassed:
+            kept = [variant for variant in code.guarded_codes if not _names(variant.dynamo_code) & missing]
+            if kept:
+                code = dataclasses.replace(code, guarded_codes=kept,
+                                           backend_ids=[b for b in code.backend_ids if b not in missing])
+                changed = True
+        codes.append(code)
+    return dataclasses.replace(cache_entry, codes=codes) if changed else cache_entry
+
+
+def _names(serialized: Any) -> set[str]:
+    """The global names a serialized code object and the code objects among its constants load."""
+    names = set(getattr(serialized, "co_names", ()) or ())
+    for const in getattr(serialized, "co_consts", ()) or ():
+        if hasattr(const, "co_names") and hasattr(const, "co_consts"):
+            names |= _names(const)
+    return names

@@ -576,3 +576,37 @@ def test_a_variants_builtins_dict_is_put_in_place_when_offered_and_its_number_ne
     scope["__builtins_dict___41"] = {"len": None}
     with pytest.raises(dp.Refused, match="not the builtins dict"):
         dr._guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
+
+
+def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_written() -> None:
+    @dataclasses.dataclass
+    class Code:  # torch's serialized code object: the names it loads, its constants
+        co_names: tuple[str, ...]
+        co_consts: tuple[Any, ...] = ()
+
+    @dataclasses.dataclass
+    class Variant:
+        guards_state: bytes
+        dynamo_code: Code
+
+    @dataclasses.dataclass
+    class CodeEntry:
+        guarded_codes: list[Variant]
+        backend_ids: list[str]
+        bypassed: bool = False
+
+    @dataclasses.dataclass
+    class Entry:
+        codes: list[CodeEntry]
+
+    nested = Code(("__compiled_fn_3",))
+    complete, backendless, inner = (Variant(b"a", Code(("__compiled_fn_1", "torch"))),
+                                    Variant(b"b", Code(("__compiled_fn_2",))), Variant(b"c", Code(("x",), (nested,))))
+    main = CodeEntry([complete, backendless, inner], ["__compiled_fn_1", "__compiled_fn_2", "__compiled_fn_3"])
+    alone = CodeEntry([backendless], ["__compiled_fn_2"])
+    entry = Entry([main, alone])
+    kept = dynamo_repairs._without_backendless(entry, {"__compiled_fn_1": object()})
+    assert kept.codes[0].guarded_codes == [complete] and kept.codes[0].backend_ids == ["__compiled_fn_1"]
+    assert kept.codes[1] is alone  # nothing left of it: torch bypasses it, as it would have
+    assert main.guarded_codes == [complete, backendless, inner]  # what the process recorded is left as it was
+    assert dynamo_repairs._without_backendless(entry, {f"__compiled_fn_{i}": 0 for i in (1, 2, 3)}) is entry
