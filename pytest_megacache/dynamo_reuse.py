@@ -67,9 +67,9 @@ from .dynamo_proofs import (
 )
 
 # Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
-# chain of code edits against eager): 2.11 on an H100 host, 2.13 and 2.14 on CPU. 2.12 and 2.15 have the same
-# pieces but were not run; 2.7 to 2.10 have other ones.
-CHECKED_RELEASES = ("2.11", "2.13", "2.14")
+# chain of code edits against eager, the version suite's reuse tier): 2.11 on an H100 host and on CPU, 2.12 to 2.15
+# on CPU. 2.7 to 2.10 have other pieces.
+CHECKED_RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
 # Where the packages of one function recorded by several wrappers are merged into one entry (run on 2.13; on 2.11,
 # an H100 host, the merged entries' backends were not found at load).
 MERGED_RELEASES = ("2.13",)
