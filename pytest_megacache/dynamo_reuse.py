@@ -72,7 +72,7 @@ from .dynamo_proofs import (
 CHECKED_RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
 # Where the packages of one function recorded by several wrappers are merged into one entry (run on 2.13; on 2.11,
 # an H100 host, the merged entries' backends were not found at load).
-MERGED_RELEASES = ("2.13",)
+MERGED_RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
 # Identity guards kept and proven (torch 2.13 refuses to serialize them, or drops them from the live guards).
 PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "CLASS_MATCH",
                              "BUILTIN_MATCH"})
