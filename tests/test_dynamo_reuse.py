@@ -298,6 +298,24 @@ def setup_stable(folder):
 @torch.compile
 def compiled_stable(x):
     return stable.kernel(x) + 1
+
+
+later = None
+
+
+def setup_later(folder):
+    global later
+    (folder / "gen_later.py").write_text("def kernel(x):\\n    return x * 7\\n")
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    later = importlib.import_module("gen_later")
+
+
+@torch.compile
+def compiled_before_and_after(x):  # called before its module is generated, then after
+    if later is None:
+        return x - 1
+    return later.kernel(x) - 1
 """
 
 TESTS = """
@@ -472,6 +490,12 @@ def test_generated_module_unchanged(tmp_path):
     same(generator.compiled_stable, lambda x: generator.stable.kernel(x) + 1, X)
 
 
+def test_generated_module_called_before_it_exists(tmp_path):
+    same(generator.compiled_before_and_after, lambda x: x - 1, X)
+    generator.setup_later(tmp_path)
+    same(generator.compiled_before_and_after, lambda x: generator.later.kernel(x) - 1, X)
+
+
 def test_training_step():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
@@ -587,7 +611,7 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (32, 0), (name, run.result.outlines[-80:])
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (33, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -653,13 +677,18 @@ class TestDynamoReuse:
         assert (_compiles(cold, test), _compiles(warm, test)) == (2, 0)
 
     def test_a_module_generated_at_run_time_is_installed_once_it_exists(self, reuse_chain: ReuseChain) -> None:
-        """Both functions are wrapped at import, before the module they call into is generated: their entries are
-        installed where they are first called, the module there then. One module is generated as it was cold (its
-        function reused), the other from another template (torch's source check refuses it: traced)."""
+        """The functions are wrapped at import, before the module they call into is generated: their entries are
+        installed where they are about to be traced once the module is there. One module is generated as it was cold
+        (its function reused), one from another template (torch's source check refuses it: traced), and one function
+        runs before its module exists too (that frame traced, the one after the module appeared reused)."""
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
         assert _compiles(cold, "test_generated_module_unchanged") > 0
         assert _compiles(warm, "test_generated_module_unchanged") == 0
         assert _compiles(warm, "test_generated_module") > 0
+        # called before its module exists (traced: refused as a missing module), then after (the entry installed)
+        test = "test_generated_module_called_before_it_exists"
+        assert (_compiles(cold, test), _compiles(warm, test)) == (2, 1)
+        assert _counters(warm)["dynamo_refused_missing_module"] >= 1
 
     def test_the_report_says_what_was_reused_and_refused(self, reuse_chain: ReuseChain) -> None:
         warm = reuse_chain.runs["warm"]
