@@ -2,8 +2,9 @@
 (:mod:`pytest_megacache.dynamo_reuse`):
 
 - **Warnings shown while a frame is traced.** A frame taken from the store is not traced, so what its trace showed would not
-  be shown: :func:`watch_warnings` notes the compiles during which a warning was shown, and such a frame is never
-  stored (:func:`code_key` names it).
+  be shown: :func:`watch_warnings` notes the compiles during which Dynamo's trace showed a warning (not its backend's
+  compile, whose graph comes from torch's caches either way), and such a frame is never stored (:func:`code_key`
+  names it).
 - **A stored entry torch fails to load.** :func:`failed_load_contained` counts it as refused and keeps torch's log
   record and its objects' unraisable exceptions from the session.
 """
@@ -32,13 +33,34 @@ def code_key(code: Any) -> tuple[str, int, str]:
             str(getattr(code, "co_name", "")))
 
 
-def watch_warnings(state: ReuseState, compile_id: Any) -> None:
-    """Notes the compiles during which a warning is shown: the interpreter shows every warning through
-    ``warnings._showwarnmsg``, looked up at each warning (pytest's capture replaces what it calls, not it). Nothing
-    traced calls it: Dynamo sees the same ``warnings.warn`` as without this."""
+_BACKEND = threading.local()  # depth of the backend compiles (Inductor, AOTAutograd) this thread is in
+
+
+def watch_warnings(state: ReuseState, compile_id: Any, output_graph: Any = None) -> None:
+    """Notes the compiles during which a warning is shown while Dynamo traces: the interpreter shows every warning
+    through ``warnings._showwarnmsg``, looked up at each warning (pytest's capture replaces what it calls, not it).
+    Nothing traced calls it: Dynamo sees the same ``warnings.warn`` as without this. A warning shown while the
+    frame's graph is compiled by its backend (``output_graph``'s ``call_user_compiler``: Inductor generating code)
+    is not the frame's: the graph comes from torch's own caches where a frame is taken from the store, as where it is
+    traced again, and neither shows it."""
     import warnings
 
+    call_user_compiler = getattr(output_graph, "call_user_compiler", None)
+    if call_user_compiler is not None and not getattr(call_user_compiler, "_megacache_watch", False):
+        @functools.wraps(call_user_compiler)
+        def in_backend(*args: Any, **kwargs: Any) -> Any:
+            _BACKEND.depth = getattr(_BACKEND, "depth", 0) + 1
+            try:
+                return call_user_compiler(*args, **kwargs)
+            finally:
+                _BACKEND.depth -= 1
+
+        in_backend._megacache_watch = True  # type: ignore[attr-defined]
+        output_graph.call_user_compiler = in_backend
+
     def note(*_args: Any, **_kwargs: Any) -> None:
+        if getattr(_BACKEND, "depth", 0):
+            return
         try:
             current = compile_id()
             if current is not None:

@@ -226,7 +226,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     serialize = CheckFunctionManager.serialize_guards
 
     compile_id = torch._guards.CompileContext.current_compile_id
-    watch_warnings(state, compile_id)
+    watch_warnings(state, compile_id, getattr(torch._dynamo.output_graph, "OutputGraph", None))
 
     @functools.wraps(serialize)
     def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:

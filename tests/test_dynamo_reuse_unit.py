@@ -616,3 +616,25 @@ def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_wri
     assert kept.codes[1] is alone  # nothing left of it: torch bypasses it, as it would have
     assert main.guarded_codes == [complete, backendless, inner]  # what the process recorded is left as it was
     assert dynamo_repairs._without_backendless(entry, {f"__compiled_fn_{i}": 0 for i in (1, 2, 3)}) is entry
+
+
+def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    from pytest_megacache import dynamo_effects
+
+    monkeypatch.setattr(warnings, "_showwarnmsg", warnings._showwarnmsg)  # type: ignore[attr-defined]
+    state = types.SimpleNamespace(warned=set())
+
+    class OutputGraph:  # torch's: Dynamo hands the traced graph to the backend (Inductor) here
+        def call_user_compiler(self) -> str:
+            warnings.warn("shown while Inductor generates code", UserWarning, stacklevel=1)
+            return "compiled"
+
+    dynamo_effects.watch_warnings(state, lambda: "3/0", OutputGraph)  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert OutputGraph().call_user_compiler() == "compiled"
+        assert state.warned == set()  # torch's caches skip it where the graph is loaded, traced or not
+        warnings.warn("shown while Dynamo traces", UserWarning, stacklevel=1)
+    assert state.warned == {"3/0"}
