@@ -261,22 +261,36 @@ def warns_when_traced(x):
     return x + warn_when_traced()
 """
 
-# A module that generates another one from a template at run time; its compiled function calls into it.
+# A module that generates others from templates at run time; its compiled functions call into them.
 GENERATOR = """
 import importlib
 import sys
 
 import torch
 
-generated = None
+generated = stable = later = None
+
+
+def generate(folder, name, body):
+    (folder / f"{name}.py").write_text(f"def kernel(x):\\n    return {body}\\n")
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    return importlib.import_module(name)
 
 
 def setup(folder, factor):
     global generated
-    (folder / "gen_kernels.py").write_text(f"def kernel(x):\\n    return x * {factor}\\n")
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    generated = importlib.import_module("gen_kernels")
+    generated = generate(folder, "gen_kernels", f"x * {factor}")
+
+
+def setup_stable(folder):
+    global stable
+    stable = generate(folder, "gen_stable", "x * 5 - 2")
+
+
+def setup_later(folder):
+    global later
+    later = generate(folder, "gen_later", "x * 7")
 
 
 @torch.compile
@@ -284,31 +298,9 @@ def compiled_call(x):
     return generated.kernel(x) + 1
 
 
-stable = None
-
-
-def setup_stable(folder):
-    global stable
-    (folder / "gen_stable.py").write_text("def kernel(x):\\n    return x * 5 - 2\\n")
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    stable = importlib.import_module("gen_stable")
-
-
 @torch.compile
 def compiled_stable(x):
     return stable.kernel(x) + 1
-
-
-later = None
-
-
-def setup_later(folder):
-    global later
-    (folder / "gen_later.py").write_text("def kernel(x):\\n    return x * 7\\n")
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    later = importlib.import_module("gen_later")
 
 
 @torch.compile
