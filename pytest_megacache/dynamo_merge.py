@@ -18,8 +18,8 @@ from .dynamo_proofs import guards_digest
 def packages_merged(state: Any, cache: Any) -> None:
     """torch's ``record_package`` on ``cache`` (its DynamoCache) merges each package with those recorded before
     under its key (``state.recorded``) and with the stored entry installed under it (``state.loaded``), less the
-    variants whose proofs failed in this process (``state.stale``); a failure keeps the last package alone, as torch
-    does, and is counted."""
+    variants refused in this process for a reason any later process would give too (``state.stale``); a failure
+    keeps the last package alone, as torch does, and is counted."""
     record = getattr(cache, "record_package", None)
     try:
         from torch._dynamo.precompile_context import PrecompileContext
@@ -69,8 +69,8 @@ def _merged(entries: list[Any]) -> Any:
 
 
 def _without(entry: Any, stale: set[str]) -> Any:
-    """The entry without the variants whose stored guards (by digest) are in ``stale``: their proofs failed in this
-    process, so they would be refused again; a later trace stores what holds then."""
+    """The entry without the variants whose stored guards (by digest) are in ``stale``: they would be refused again
+    (:data:`pytest_megacache.dynamo_offers.PERSISTENT_REFUSALS`); a later trace stores what holds then."""
     if not stale:
         return entry
     codes = [dataclasses.replace(code, guarded_codes=[

@@ -24,6 +24,12 @@ from .dynamo_context import compile_context
 from .dynamo_objects import Refused
 from .dynamo_proofs import check_proofs
 
+# Refusals that any later process would make too, so the variant is not stored again from this one: a class's
+# definition is read from its source. A global or a local that names another object depends on the process (a test's
+# monkeypatch, the order in which a library fills a registry, the function a shared decorator's wrapper was called
+# with): such a variant is kept for the processes where it holds.
+PERSISTENT_REFUSALS = ("class_changed",)
+
 
 class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
@@ -137,8 +143,9 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         try:
             check_proofs(offer.proofs, offer.scope, offer.guards_state.output_graph.local_scope,
                          functools.partial(bind_global, offer.package, offer.scope))
-        except Refused:
-            state.stale.add(offer.digest)  # not stored again from this process
+        except Refused as exc:
+            if exc.reason in PERSISTENT_REFUSALS:
+                state.stale.add(offer.digest)  # not stored again from this process
             raise
         if offer.manager is not None:
             return offer.manager
