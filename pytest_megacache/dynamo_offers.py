@@ -74,6 +74,12 @@ class Offers:
         return sum(len(offers) for offers in self.by_code.values())
 
 
+def note_stale(stale: set[str], offer: Offer, refused: Refused) -> None:
+    """An offer refused for a reason any later process would give too is not stored again from this one."""
+    if refused.reason in PERSISTENT_REFUSALS:
+        stale.add(offer.digest)
+
+
 def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
          build: Callable[[Offer], Any]) -> tuple[tuple[Offer, Any] | None, tuple[str, str] | None]:
     """The first offer compiled under ``context`` whose proofs hold now and whose guards pass on ``f_locals``, with
@@ -144,8 +150,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             check_proofs(offer.proofs, offer.scope, offer.guards_state.output_graph.local_scope,
                          functools.partial(bind_global, offer.package, offer.scope))
         except Refused as exc:
-            if exc.reason in PERSISTENT_REFUSALS:
-                state.stale.add(offer.digest)  # not stored again from this process
+            note_stale(state.stale, offer, exc)
             raise
         if offer.manager is not None:
             return offer.manager

@@ -638,3 +638,15 @@ def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(
         assert state.warned == set()  # torch's caches skip it where the graph is loaded, traced or not
         warnings.warn("shown while Dynamo traces", UserWarning, stacklevel=1)
     assert state.warned == {"3/0"}
+
+
+def test_only_a_variant_refused_for_a_changed_class_is_left_out_of_what_the_process_stores() -> None:
+    from pytest_megacache.dynamo_offers import note_stale
+
+    stale: set[str] = set()
+    for reason in ("global_changed", "local_changed"):  # another object in this process: it may hold in the next
+        note_stale(stale, _offer("A", None), dp.Refused(reason, "another object"))
+    assert stale == set()
+    edited = _offer("A", None)
+    note_stale(stale, edited, dp.Refused("class_changed", "an edited method"))  # read from the source: refused again
+    assert stale == {edited.digest}
