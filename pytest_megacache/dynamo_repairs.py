@@ -123,12 +123,12 @@ def sources_unpickle(torch: Any) -> None:
 
 def _constructor_takes_derived(cls: type) -> None:
     init = cls.__init__  # type: ignore[misc]
-    names = [f.name for f in dataclasses.fields(cls)]
-    given = [f.name for f in dataclasses.fields(cls) if f.init]
+    fields = dataclasses.fields(cls)
+    names, given = [f.name for f in fields], [f.name for f in fields if f.init]  # some not given: derived
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if kwargs or len(args) != len(names) or len(args) == len(given):
+        if kwargs or len(args) != len(names):
             init(self, *args, **kwargs)
             return
         values = dict(zip(names, args, strict=True))

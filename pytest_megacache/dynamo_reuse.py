@@ -99,7 +99,8 @@ class _Reuse:
 
     def __init__(self, rootdir: str) -> None:
         self.rootdir = rootdir
-        # per placeholder of a guard state: proofs, context, digest, torch's stored state, the placeholder
+        # per placeholder of a guard state: proofs, context, digest, torch's stored state, the placeholder (held, so
+        # that its id is not reused before torch's install hands it back)
         self.pending: dict[int, tuple[list[dict[str, Any]], str, str, bytes, Any]] = {}
         self.installing: Any = None  # the CompilePackage being installed
         self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
@@ -115,9 +116,8 @@ class _Reuse:
         self.loaded: dict[str, Any] = {}
         self.stale: set[str] = set()
         self.contexts: list[str | None] = []  # the compile contexts of the frames being traced (innermost last)
-        # id(code) -> code, function, stored entry, backends, modules missing when the function was wrapped
-        self.deferred: dict[int, tuple[Any, Any, Any, Any, tuple[str, ...]]] = {}
-        self.late: list[Any] = []  # the packages of those installed since
+        # id(code) -> code, function, stored entry, backends, the module missing when the function was wrapped
+        self.deferred: dict[int, tuple[Any, Any, Any, Any, str]] = {}
         self.install_deferred: Any = lambda code: None
 
     def count(self, name: str, n: int = 1) -> None:
@@ -302,7 +302,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         # torch's install builds every variant's guards here and installs them on the code next: each is kept as an
         # offer instead, its guards built where Dynamo is about to trace a frame of that code (_compile below)
         pending = state.pending.pop(id(guards_state), None)
-        if pending is None or pending[4] is not guards_state:
+        if pending is None:
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
         proofs, context, digest, inner, _ = pending
         return Offer(target_code, None, inner, runtime_global_scope, proofs, context, state.installing, digest)
@@ -371,8 +371,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             self._megacache_loaded = dynamo
             return None
         except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
-            if (names := _missing_modules(exc)) is not None:
-                self._megacache_deferred = (fn, dynamo, names)  # installed where its frame runs, if they appear
+            if (missing := _missing_module(exc)) is not None:
+                self._megacache_deferred = (fn, dynamo, missing)  # installed where its frame runs, if it appears
             else:
                 state.refuse_error(exc)
             _fresh(self, fn, initialize)
@@ -388,8 +388,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         loaded = self.__dict__.pop("_megacache_loaded", None)
         if self.__dict__.pop("_megacache_fresh", False):
             if (deferred := self.__dict__.pop("_megacache_deferred", None)) is not None:
-                fn, dynamo, names = deferred
-                _defer(state, self, fn, dynamo, names, backends)
+                fn, dynamo, missing = deferred
+                _defer(state, self, fn, dynamo, missing, backends)
             return
         modules = [sys.modules.get(entry.python_module) for entry in list(self._codes.values())]
         eval_frame = torch._dynamo.eval_frame
@@ -403,8 +403,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             install_package(self, backends)
         except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
             fn = self._innermost_fn
-            if (names := _missing_modules(exc)) is not None and loaded is not None:
-                _defer(state, self, fn, loaded, names, backends)  # an import source not there yet
+            if (missing := _missing_module(exc)) is not None and loaded is not None:
+                _defer(state, self, fn, loaded, missing, backends)  # an import source not there yet
             else:
                 state.refuse_error(exc)
             try:
@@ -430,14 +430,13 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         deferred = state.deferred.get(id(code))
         if deferred is None or deferred[0] is not code:
             return
-        _, fn, dynamo, backends, names = deferred
-        if missing := [name for name in names if not _importable(name)]:
-            state.refuse("missing_module", f"{missing[0]} is not there")  # once per frame traced
+        _, fn, dynamo, backends, missing = deferred
+        if not _importable(missing):
+            state.refuse("missing_module", f"{missing} is not there")  # once per frame traced
             return
         del state.deferred[id(code)]
-        package = CompilePackage(fn, dynamo)
-        package.install(backends)  # may defer it again (another module missing) or refuse it, as when wrapped
-        state.late.append(package)  # its globals and offers stay as those of a wrapper's package do
+        # may defer it again (another module missing) or refuse it, as when wrapped; its offers hold the package
+        CompilePackage(fn, dynamo).install(backends)
 
     state.install_deferred = install_deferred
 
@@ -504,10 +503,10 @@ def _guards_of(load_guards_state: Any, builtins_of: Any, bytecode_transformation
     return loaded
 
 
-def _missing_modules(exc: BaseException) -> tuple[str, ...] | None:
+def _missing_module(exc: BaseException) -> str | None:
     """The module whose absence failed loading an entry (an import of it by torch), else None."""
     if isinstance(exc, ModuleNotFoundError) and exc.name:
-        return (exc.name,)
+        return exc.name
     return None
 
 
@@ -520,12 +519,12 @@ def _importable(name: str) -> bool:
         return False
 
 
-def _defer(state: _Reuse, package: Any, fn: Any, dynamo: Any, names: tuple[str, ...], backends: Any) -> None:
+def _defer(state: _Reuse, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any) -> None:
     code = getattr(package._innermost_fn, "__code__", None)
     if code is None:
-        state.refuse("missing_module", f"{names[0]} is not there")
+        state.refuse("missing_module", f"{missing} is not there")
         return
-    state.deferred[id(code)] = (code, fn, dynamo, backends, names)
+    state.deferred[id(code)] = (code, fn, dynamo, backends, missing)
 
 
 def _no_skip(*_args: Any, **_kwargs: Any) -> None:
