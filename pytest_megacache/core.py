@@ -227,11 +227,14 @@ class CacheSession:
     def collect(self, adapter: TorchAdapter | None) -> Entries:
         """What this session compiled or hit: torch's artifacts (none without ``adapter``) plus the files it added."""
         session = Entries()
+        before = TorchAdapter.counters() if adapter is not None else {}
         try:
             container = adapter.save() if adapter is not None else None
         except Exception as exc:  # noqa: BLE001
             self.problem(f"torch.compiler.save_cache_artifacts failed: {type(exc).__name__}: {exc}")
             container = None
+        if adapter is not None:  # Dynamo entries refused while written (an entry that does not pickle) count too
+            self.torch_stats.saved(before, TorchAdapter.counters())
         if container is not None:
             refused: list[str] = []
             try:

@@ -8,12 +8,15 @@ the form it was written against (else nothing of it is changed).
   derived fields, which its constructor does not take).
 - :func:`backendless_variants_dropped`: a variant whose compiled graph has no stored backend is left out of what is
   written, instead of every variant of its code.
+- :func:`module_globals_by_name`: output code that makes a function (Dynamo loads the function's module globals as a
+  constant) is written with the module's name in place of its globals, instead of not at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from typing import Any
 
 
@@ -184,3 +187,59 @@ def _names(serialized: Any) -> set[str]:
         if hasattr(const, "co_names") and hasattr(const, "co_consts"):
             names |= _names(const)
     return names
+
+
+def module_globals_by_name(package: Any) -> None:
+    """Where a traced frame makes a function (a closure it returns or stores), Dynamo's output code loads the globals
+    dict of the function's module as a constant, which does not pickle (it holds modules): torch fails to write the
+    whole entry, and the frame is traced in every run. Such a code object pickles here with the module's name in
+    place of the dict, and unpickles to the globals of the module of that name in the loading process, which must
+    have imported it already (else the entry does not load: nothing is imported to load it). That is the object the
+    tracing process's code held: the module by name, as torch's own entries name every module a frame reaches; its
+    source is checked as torch checks every inlined function's. A dict that is not the globals of an imported module
+    under its ``__name__`` (a script run as ``__main__``, an ``exec`` namespace) is left as it is, and the entry is not
+    written, as without this."""
+    serialized: Any = getattr(package, "SerializedCode", None)
+    if serialized is None or not dataclasses.is_dataclass(serialized) or "co_consts" not in {
+            f.name for f in dataclasses.fields(serialized)} or "__reduce_ex__" in vars(serialized):
+        return
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        if not any(_is_module_globals(const) for const in self.co_consts):
+            return object.__reduce_ex__(self, protocol)
+        consts = tuple(_ModuleGlobals(const["__name__"]) if _is_module_globals(const) else const
+                       for const in self.co_consts)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return _serialized_code, (type(self), {**fields, "co_consts": consts})
+
+    setattr(serialized, "__reduce_ex__", __reduce_ex__)  # noqa: B010 - torch's class, typed by narrowing
+
+
+def _is_module_globals(const: Any) -> bool:
+    if type(const) is not dict:
+        return False
+    name = const.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) and name not in ("__main__", "__mp_main__") else None
+    return module is not None and getattr(module, "__dict__", None) is const
+
+
+class _ModuleGlobals:
+    """Pickles as the globals of the module named ``name``, looked up when unpickled."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> Any:
+        return module_globals, (self.name,)
+
+
+def module_globals(name: str) -> dict[str, Any]:
+    """The globals of module ``name``, imported already by this process."""
+    module = sys.modules.get(name)
+    if module is None:
+        raise ImportError(f"{name} is not imported: the stored code makes a function from its globals", name=name)
+    return module.__dict__
+
+
+def _serialized_code(cls: Any, fields: dict[str, Any]) -> Any:
+    return cls(**fields)

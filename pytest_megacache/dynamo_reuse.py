@@ -458,6 +458,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     repairs.sources_unpickle(torch)
     # torch writes none of a code's variants where one lacks its compiled graph's backend: the others are written.
     repairs.backendless_variants_dropped(package)
+    # torch writes no entry whose output code makes a function (its module's globals are a constant there).
+    repairs.module_globals_by_name(package)
 
     # Saving: every wrapper of one function is one entry. torch keeps the last package recorded under a key (a
     # function's source id), so where a suite wraps one function in torch.compile more than once (a test per

@@ -188,6 +188,17 @@ class TorchStats:
                    isa_checks={k: v for k, v in isaprobe.counts().items() if v},
                    dynamo_refusals=dynamo_reuse.refusal_reasons())
 
+    def saved(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
+        """Fold in what this process's Dynamo reuse counted while torch's artifacts were saved (after the counters
+        were read): an entry refused because it does not pickle, with its reason's first detail."""
+        from . import dynamo_reuse
+
+        for name, n in after.items():
+            if name.startswith("dynamo_") and n != before.get(name, 0):
+                self.counters[name] = self.counters.get(name, 0) + n - before.get(name, 0)
+        for reason, detail in dynamo_reuse.refusal_reasons().items():
+            self.dynamo_refusals.setdefault(reason, detail)
+
     def add(self, other: Mapping[str, Any]) -> None:
         """Fold in another process's stats (an xdist worker's, as a dict)."""
         self.workers += 1

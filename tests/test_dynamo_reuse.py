@@ -76,6 +76,11 @@ def make_closure(k):
     return inner
 
 
+def returns_inner(x):  # Dynamo's output code makes `inner` again, from this module's globals (a constant there)
+    inner = make_closure(2.0)
+    return inner(x), inner
+
+
 def with_default(x, k=@DEFAULT@):
     return x * k
 
@@ -419,6 +424,13 @@ def test_decorated_function_unchanged():
     same(torch.compile(edits.decorated_stable), edits.decorated_stable, X)
 
 
+def test_a_function_made_in_the_frame():
+    y, inner = torch.compile(edits.returns_inner)(X)
+    eager_y, eager_inner = edits.returns_inner(X)
+    torch.testing.assert_close(y, eager_y)
+    torch.testing.assert_close(inner(X), eager_inner(X))
+
+
 def test_decorated_function_edited():
     same(torch.compile(edits.decorated_edited), edits.decorated_edited, X)
 
@@ -603,7 +615,7 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (33, 0), (name, run.result.outlines[-80:])
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (34, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -624,6 +636,7 @@ class TestDynamoReuse:
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
                      "test_function_passed_as_argument", "test_decorator_instance_unchanged",
                      "test_type_of_a_tensor_unchanged", "test_inlined_default_argument_unchanged",
+                     "test_a_function_made_in_the_frame",
                      *(("test_one_function_in_two_wrappers",) if merged else ())):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
 

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import sys
 import types
 from typing import Any
@@ -650,3 +651,55 @@ def test_only_a_variant_refused_for_a_changed_class_is_left_out_of_what_the_proc
     edited = _offer("A", None)
     note_stale(stale, edited, dp.Refused("class_changed", "an edited method"))  # read from the source: refused again
     assert stale == {edited.digest}
+
+
+@dataclasses.dataclass(frozen=True)
+class SerializedCode:  # torch's serialized code object, as much of it as the repair reads (pickled by reference)
+    co_name: str
+    co_consts: tuple[Any, ...]
+
+
+def test_output_code_that_makes_a_function_pickles_its_modules_globals_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo loads the globals of a function it makes as a constant of its output code: written as the module's
+    name, read as the globals of the module of that name, which the loading process must have imported."""
+    made = types.ModuleType("megacache_made_here")
+    monkeypatch.setitem(sys.modules, made.__name__, made)
+    code = SerializedCode("f", (None, made.__dict__, SerializedCode("g", (json.__dict__, 1))))
+    with pytest.raises(TypeError, match="module"):  # torch's own form: the entry is never written
+        pickle.dumps(code)
+    dynamo_repairs.module_globals_by_name(types.SimpleNamespace(SerializedCode=SerializedCode))
+    try:
+        data = pickle.dumps(code)
+        loaded = pickle.loads(data)
+        assert loaded.co_name == "f" and loaded.co_consts[0] is None and loaded.co_consts[1] is made.__dict__
+        assert loaded.co_consts[2] == SerializedCode("g", (json.__dict__, 1))
+        assert loaded.co_consts[2].co_consts[0] is json.__dict__
+        # a dict that is not an imported module's globals under its name is pickled as the dict it is
+        lookalike = {"__name__": "json", "x": 1}
+        assert pickle.loads(pickle.dumps(SerializedCode("h", (lookalike,)))).co_consts[0] == lookalike
+        plain = pickle.dumps(SerializedCode("p", (1, "a")))  # nothing to name: torch's own pickle
+        assert b"dynamo_repairs" not in plain and b"dynamo_repairs" in data
+        monkeypatch.delitem(sys.modules, made.__name__)
+        with pytest.raises(ImportError, match="megacache_made_here is not imported"):  # nothing imported to load it
+            pickle.loads(data)
+    finally:
+        del SerializedCode.__reduce_ex__  # type: ignore[attr-defined]
+
+
+def test_entries_refused_while_torch_writes_them_count_in_the_sessions_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch writes Dynamo's entries after the session's counters were read: a refusal then (an entry that does not
+    pickle) is folded into the figures the report shows, once, with the first detail of its reason."""
+    from pytest_megacache.stats import TorchStats
+
+    state = dr._Reuse("/")
+    monkeypatch.setattr(dr, "_STATE", state)
+    monkeypatch.setattr(state, "count", lambda name: None)  # torch's counters: read from torch below
+    stats = TorchStats(counters={"dynamo_refused_unpicklable": 1, "fxgraph_cache_hit": 3},
+                       dynamo_refusals={"side_effect": "a warning"})
+    state.refuse("unpicklable", "TypeError: cannot pickle 'module' object")
+    state.refuse("side_effect", "another warning")
+    stats.saved({"dynamo_refused_unpicklable": 0, "fxgraph_cache_hit": 3},
+                {"dynamo_refused_unpicklable": 2, "fxgraph_cache_hit": 5})
+    assert stats.counters == {"dynamo_refused_unpicklable": 3, "fxgraph_cache_hit": 3}  # only Dynamo reuse's own
+    assert stats.dynamo_refusals == {"side_effect": "a warning",
+                                     "unpicklable": "TypeError: cannot pickle 'module' object"}
