@@ -87,10 +87,12 @@ def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
     frame could not take one: a proof that failed, else another compile context; None where the guards of every
     offer of this context merely fail on these inputs (the frame is a new variant, traced as torch would)."""
     refusal: tuple[str, str] | None = None
+    this_context = other_context = False
     for offer in offers:
         if offer.context != context:
-            refusal = refusal or ("context_changed", "compiled under another backend, mode or configuration")
+            other_context = True
             continue
+        this_context = True
         try:
             manager = build(offer)
         except Refused as exc:
@@ -107,8 +109,9 @@ def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
             offer.manager = None  # handed to Dynamo: a cache entry owns it now
             return (offer, manager), None
         offer.manager = manager
-        if refusal is not None and refusal[0] == "context_changed":
-            refusal = None  # an offer of this very compile exists: its guards decide, as torch's would
+    if refusal is None and other_context and not this_context:
+        # only offers of other compiles; where one of this very compile exists, its guards decide, as torch's would
+        refusal = ("context_changed", "compiled under another backend, mode or configuration")
     return None, refusal
 
 
