@@ -3,7 +3,7 @@
 torch keeps the package that the last wrapper of a function recorded under its key; a suite that wraps one function
 once per parameter or per test would lose the variants the other wrappers traced. :func:`packages_merged` makes
 torch's record of a package merge it with the packages recorded before under the same key: the main code and each
-resume function with every package's compiled variants, once each.
+other code (a resume function) with every package's compiled variants and names, once each.
 """
 
 from __future__ import annotations
@@ -51,20 +51,23 @@ def packages_merged(state: Any, cache: Any) -> None:
 
 def _merged(entries: list[Any]) -> Any:
     """One dynamo cache entry holding every variant of several packages of one function: the function's own code
-    and each resume function (by its name, unique in the process that made it) with every package's guarded variants
-    (once each: each wrapper's package holds the variants it loaded, and a variant is its guards), imports and
-    backends (bypassed if any package bypassed it)."""
-    first, *others = entries
+    and each other code (a resume function, a function called after a graph break) with every package's guarded
+    variants (once each: each wrapper's package holds the variants it loaded, and a variant is its guards), global
+    names, imports and backends (bypassed if any package bypassed it). Codes are one where their code objects are
+    equal, as torch keys a package's codes when it installs them (one entry per code object there: of two entries for
+    one resume function, the names and variants of one would be lost, and a variant of the other calling its resume
+    function by a name never installed would fail)."""
+    first = entries[0]
     main = first.codes[0]
     digest = code_digest(stored_code(main))
-    codes = {_code_name(code, i): code for i, code in enumerate(first.codes)}
-    for n, other in enumerate(others, 1):
-        theirs = other.codes[0]
-        if code_digest(stored_code(theirs)) != digest or theirs.python_module != main.python_module:
+    codes: dict[Any, Any] = {}
+    for n, entry in enumerate(entries):
+        theirs = entry.codes[0]
+        if n and (code_digest(stored_code(theirs)) != digest or theirs.python_module != main.python_module):
             raise ValueError("packages of one key hold other code")
-        for i, code in enumerate(other.codes):
-            name = _code_name(code, i, n)
-            codes[name] = _merged_code(codes[name], code) if name in codes else code
+        for code in entry.codes:
+            key = stored_code(code)
+            codes[key] = _merged_code(codes[key], code) if key in codes else code
     return dataclasses.replace(first, codes=list(codes.values()))
 
 
@@ -79,13 +82,6 @@ def _without(entry: Any, stale: set[str]) -> Any:
     return dataclasses.replace(entry, codes=codes)
 
 
-def _code_name(code: Any, index: int, package: int = 0) -> tuple[str, ...]:
-    """The main code (first) is one; a resume function is its global names; a code of no name is its package's."""
-    if index == 0:
-        return ("",)
-    return tuple(code.function_names) or (f"#{package}.{index}",)
-
-
 def _merged_code(ours: Any, theirs: Any) -> Any:
     seen = {bytes(variant.guards_state) for variant in ours.guarded_codes}
     guarded = list(ours.guarded_codes)
@@ -94,7 +90,8 @@ def _merged_code(ours: Any, theirs: Any) -> Any:
             seen.add(guards)
             guarded.append(variant)
     backends = [*ours.backend_ids, *(b for b in theirs.backend_ids if b not in ours.backend_ids)]
-    return dataclasses.replace(ours, guarded_codes=guarded, backend_ids=backends,
+    names = [*ours.function_names, *(f for f in theirs.function_names if f not in ours.function_names)]
+    return dataclasses.replace(ours, guarded_codes=guarded, backend_ids=backends, function_names=names,
                                import_sources={**ours.import_sources, **theirs.import_sources},
                                bypassed=ours.bypassed or theirs.bypassed)
 

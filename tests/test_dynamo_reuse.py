@@ -76,6 +76,12 @@ def make_closure(k):
     return inner
 
 
+def breaks(x):  # a graph break: a resume function, which each trace names anew
+    y = torch.sin(x) * 2
+    torch._dynamo.graph_break()
+    return y + 1
+
+
 def returns_inner(x):  # Dynamo's output code makes `inner` again, from this module's globals (a constant there)
     inner = make_closure(2.0)
     return inner(x), inner
@@ -424,6 +430,11 @@ def test_decorated_function_unchanged():
     same(torch.compile(edits.decorated_stable), edits.decorated_stable, X)
 
 
+def test_a_graph_break_traced_by_two_wrappers():  # each wrapper's variant calls its own resume function's name
+    same(torch.compile(edits.breaks), edits.breaks, X)
+    same(torch.compile(edits.breaks), edits.breaks, X.double())
+
+
 def test_a_function_made_in_the_frame():
     y, inner = torch.compile(edits.returns_inner)(X)
     eager_y, eager_inner = edits.returns_inner(X)
@@ -615,7 +626,7 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (34, 0), (name, run.result.outlines[-80:])
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (35, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -637,7 +648,7 @@ class TestDynamoReuse:
                      "test_function_passed_as_argument", "test_decorator_instance_unchanged",
                      "test_type_of_a_tensor_unchanged", "test_inlined_default_argument_unchanged",
                      "test_a_function_made_in_the_frame",
-                     *(("test_one_function_in_two_wrappers",) if merged else ())):
+                     *(("test_one_function_in_two_wrappers", "test_a_graph_break_traced_by_two_wrappers") if merged else ())):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
 
     def test_changed_code_is_traced_again(self, reuse_chain: ReuseChain) -> None:

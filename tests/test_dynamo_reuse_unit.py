@@ -378,7 +378,9 @@ class _Entry:
 
 def test_merged_packages_keep_each_variant_and_resume_function_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each wrapper's package holds the variants it loaded as well as its own: merged, each variant is there once,
-    the resume functions of one name are one, and a package of other code is not merged."""
+    the codes of one code object are one (torch installs one entry per code object) with every name each package
+    gave it (a resume function is named anew by each trace, and its variants call it by that name), and a package of
+    other code is not merged."""
     from pytest_megacache import dynamo_merge
 
     monkeypatch.setattr(dynamo_merge, "stored_code", lambda entry: entry.python_code)
@@ -387,12 +389,13 @@ def test_merged_packages_keep_each_variant_and_resume_function_once(monkeypatch:
     first = _Entry([_Code(code, "m", [], list(loaded), ["be1"], {}, False),
                     _Code(None, "m", ["__resume_1"], [_Variant(b"r1", "c")], ["be1"], {}, False)])
     second = _Entry([_Code(code, "m", [], [*loaded, _Variant(b"g3", "d")], ["be1", "be2"], {"a": "b"}, False),
-                     _Code(None, "m", ["__resume_1"], [_Variant(b"r1", "c"), _Variant(b"r2", "e")], [], {}, True)])
+                     _Code(None, "m", ["__resume_2"], [_Variant(b"r1", "c"), _Variant(b"r2", "e")], [], {}, True)])
     merged = dynamo_merge._merged([first, second])
     main, resume = merged.codes
     assert [v.guards_state for v in main.guarded_codes] == [b"g1", b"g2", b"g3"]
     assert main.backend_ids == ["be1", "be2"] and main.import_sources == {"a": "b"} and not main.bypassed
     assert [v.guards_state for v in resume.guarded_codes] == [b"r1", b"r2"] and resume.bypassed
+    assert resume.function_names == ["__resume_1", "__resume_2"]
     # a variant whose proofs failed in this process is not stored again from it
     kept = dynamo_merge._without(merged, {hashlib.sha256(b"g2").hexdigest(), hashlib.sha256(b"r1").hexdigest()})
     assert [[v.guards_state for v in code.guarded_codes] for code in kept.codes] == [[b"g1", b"g3"], [b"r2"]]
