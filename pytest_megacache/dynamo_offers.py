@@ -181,6 +181,9 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         output_codes.add(offer.dynamo_code)
         return wrap(guarded_code(offer.dynamo_code, manager, compile_id, f"Torch-Compiled Region: {compile_id}"))
 
+    if "package" in signature.parameters:
+        _code_context_named(torch)
+
     @functools.wraps(compile_fn)
     def _compile(*args: Any, **kwargs: Any) -> Any:
         context = None
@@ -195,8 +198,53 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             return result
         state.contexts.append(context)
         try:
-            return compile_fn(*args, **kwargs)
+            try:
+                return compile_fn(*args, **kwargs)
+            except _Unpackaged as exc:
+                # torch could not record the frame's code in the wrapper's entry, before anything was traced: the
+                # frame is compiled outside the entry, as without the option, and nothing of it is stored
+                state.refuse("torch_error", f"torch cannot record the frame's code: {exc}")
+                again = signature.bind(*args, **kwargs)
+                again.arguments["package"] = None
+                return compile_fn(*again.args, **again.kwargs)
         finally:
             state.contexts.pop()
 
     convert_frame._compile = _compile
+
+
+class _Unpackaged(Exception):
+    """torch failed to record a frame's code in the entry of the wrapper that compiles it."""
+
+
+class _Entered:
+    """torch's ``code_context`` of a package, whose failure to enter (before the frame is traced) is told apart."""
+
+    def __init__(self, context: Any, package_error: type[BaseException]) -> None:
+        self.context, self.package_error = context, package_error
+
+    def __enter__(self) -> Any:
+        try:
+            return self.context.__enter__()
+        except self.package_error as exc:
+            raise _Unpackaged(str(exc)) from exc
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        return self.context.__exit__(*exc_info)
+
+
+def _code_context_named(torch: Any) -> None:
+    """torch's ``CompilePackage.code_context`` made to raise :class:`_Unpackaged` where torch cannot record the code
+    it is entered for (a resume function of a function nested in a method, whose qualified name torch cannot
+    resolve: ``PackageError``, which failed the test); nothing changed where torch has no such method."""
+    package_class: Any = getattr(getattr(torch._dynamo, "package", None), "CompilePackage", None)
+    code_context = getattr(package_class, "code_context", None)
+    package_error = getattr(torch._dynamo.exc, "PackageError", None)
+    if code_context is None or package_error is None:
+        return
+
+    @functools.wraps(code_context)
+    def code_context_named(self: Any, code: Any) -> Any:
+        return _Entered(code_context(self, code), package_error)
+
+    package_class.code_context = code_context_named
