@@ -82,6 +82,12 @@ def breaks(x):  # a graph break: a resume function, which each trace names anew
     return y + 1
 
 
+def stage(x, k):  # what follows the graph break reads k: its resume function's variants differ by k
+    y = torch.sin(x)
+    torch._dynamo.graph_break()
+    return y * k
+
+
 def returns_inner(x):  # Dynamo's output code makes `inner` again, from this module's globals (a constant there)
     inner = make_closure(2.0)
     return inner(x), inner
@@ -435,6 +441,12 @@ def test_a_graph_break_traced_by_two_wrappers():  # each wrapper's variant calls
     same(torch.compile(edits.breaks), edits.breaks, X.double())
 
 
+def test_a_resume_function_compiled_again_under_another_wrapper():
+    same(torch.compile(edits.stage), edits.stage, X, 2)
+    # the first wrapper's variant of stage holds; its resume function is compiled for k = 3 under the second wrapper
+    same(torch.compile(edits.stage), edits.stage, X, 3)
+
+
 def test_a_function_made_in_the_frame():
     y, inner = torch.compile(edits.returns_inner)(X)
     eager_y, eager_inner = edits.returns_inner(X)
@@ -626,7 +638,7 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (35, 0), (name, run.result.outlines[-80:])
+            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (36, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
