@@ -235,8 +235,9 @@ class _Entered:
 
 def _code_context_named(torch: Any) -> None:
     """torch's ``CompilePackage.code_context`` made to raise :class:`_Unpackaged` where torch cannot record the code
-    it is entered for (a resume function of a function nested in a method, whose qualified name torch cannot
-    resolve: ``PackageError``, which failed the test); nothing changed where torch has no such method."""
+    it is entered for (a resume function compiled again under another wrapper than the one whose trace made it:
+    torch looks its qualified name up in its module, fails, and raises ``PackageError``, which failed the test);
+    nothing changed where torch has no such method."""
     package_class: Any = getattr(getattr(torch._dynamo, "package", None), "CompilePackage", None)
     code_context = getattr(package_class, "code_context", None)
     package_error = getattr(torch._dynamo.exc, "PackageError", None)
