@@ -707,3 +707,39 @@ def test_entries_refused_while_torch_writes_them_count_in_the_sessions_figures(m
     assert stats.counters == {"dynamo_refused_unpicklable": 3, "fxgraph_cache_hit": 3}  # only Dynamo reuse's own
     assert stats.dynamo_refusals == {"side_effect": "a warning",
                                      "unpicklable": "TypeError: cannot pickle 'module' object"}
+
+
+def test_torch_failing_to_record_a_frames_code_is_told_apart_from_the_frames_own_errors() -> None:
+    """torch's ``code_context`` raising its ``PackageError`` on entering (nothing traced yet) becomes the plugin's own
+    exception, on which the frame is compiled again outside the entry; an error of the frame inside the context, and
+    one torch raises on entering that is not a ``PackageError``, pass as they are."""
+    import contextlib
+
+    from pytest_megacache import dynamo_offers
+
+    class PackageError(Exception):
+        pass
+
+    class CompilePackage:
+        @contextlib.contextmanager
+        def code_context(self, code: Any) -> Any:
+            if code == "unnamed":
+                raise PackageError("Cannot resolve a fully qualified name")
+            if code == "other":
+                raise KeyError(code)
+            yield
+
+    torch = types.SimpleNamespace(_dynamo=types.SimpleNamespace(package=types.SimpleNamespace(
+        CompilePackage=CompilePackage), exc=types.SimpleNamespace(PackageError=PackageError)))
+    dynamo_offers._code_context_named(torch)
+    package = CompilePackage()
+    with pytest.raises(dynamo_offers._Unpackaged, match="fully qualified") as raised:
+        with package.code_context("unnamed"):
+            pass
+    assert isinstance(raised.value.__cause__, PackageError)
+    with pytest.raises(KeyError):
+        with package.code_context("other"):
+            pass
+    with pytest.raises(ValueError, match="the frame's own"):
+        with package.code_context("named"):
+            raise ValueError("the frame's own")
