@@ -67,6 +67,40 @@ else:
 
 
 CXX_STASH = pytest.StashKey[Path]()
+FAILED_STASH = pytest.StashKey[bool]()
+
+
+def removed_unless_failed(request: pytest.FixtureRequest, path: Path) -> Path:
+    """``path``, removed when the scope of the fixture that asks for it ends, unless a test of this process failed
+    meanwhile (kept to look at, as pytest keeps a failed test's ``tmp_path``). A torch session's folder holds a
+    precompiled header of about 150 MB: the run's folders kept to its end filled a CI runner's disk."""
+    failed = request.session.testsfailed
+
+    def drop() -> None:
+        if request.session.testsfailed == failed:
+            shutil.rmtree(path, ignore_errors=True)
+
+    request.addfinalizer(drop)
+    return path
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if report.failed:
+        item.stash[FAILED_STASH] = True
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A passed test's pytester folder goes once its fixtures are torn down (``tmp_path`` goes by pytest's own
+    ``tmp_path_retention_policy``); a failed test's stays for the run's end."""
+    pytester = getattr(item, "funcargs", {}).get("pytester")
+    result = yield  # a teardown that raises keeps the folder too
+    if isinstance(pytester, pytest.Pytester) and not item.stash.get(FAILED_STASH, False):
+        shutil.rmtree(pytester.path, ignore_errors=True)
+    return result
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -13,6 +13,11 @@ compiler's identity. Headers are not read: those a build includes (torch's, Pyth
 change during one run, which is why the store lives only as long as that run. Anything unusual (no single
 ``-o``, preprocessing, dependency files) goes straight to the real compiler, as does every failure.
 
+A build is served as a hard link to the store's copy where the file system allows (one precompiled header of
+about 150 MB for every session, not a copy each), else copied. A file written in place through any of its links
+changes its modification time: the store records each build's size and time (``stat-<key>``) and serves a build
+whose file no longer matches them as a miss, so a session that rewrites its output never hands that to another.
+
 Environment: ``TESTS_CXX_REAL`` the real compiler, ``TESTS_CXX_STORE`` the store (a directory). Standard
 library only: it runs as ``python -S``, outside the package (so its atomic copy is its own, not
 ``pytest_megacache.fsutil``'s).
@@ -59,14 +64,20 @@ def build_key(argv: list[str], real: str) -> tuple[str, str] | None:
 
 
 def _place(source: str, target: str) -> None:
-    """Copy ``source`` to ``target`` through a temporary file beside it: a reader never sees half a file."""
+    """Link, else copy, ``source`` to ``target`` through a temporary name beside it: a reader never sees half a
+    file."""
     folder = os.path.dirname(os.path.abspath(target))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".cxxcache-")
     try:
-        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
-            while block := src.read(1 << 20):
-                out.write(block)
-        os.chmod(tmp, os.stat(source).st_mode & 0o777)
+        os.close(fd)
+        os.unlink(tmp)  # the name, for the link (mkstemp's names are unique, the race is with a stranger's name)
+        try:
+            os.link(source, tmp)
+        except OSError:  # another file system, or links not allowed
+            with open(tmp, "xb") as out, open(source, "rb") as src:
+                while block := src.read(1 << 20):
+                    out.write(block)
+            os.chmod(tmp, os.stat(source).st_mode & 0o777)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -74,6 +85,38 @@ def _place(source: str, target: str) -> None:
         except OSError:
             pass
         raise
+
+
+def _stamp(path: str) -> str:
+    st = os.stat(path)
+    return f"{st.st_size} {st.st_mtime_ns}"
+
+
+def _kept(store: str, key: str) -> str | None:
+    """The store's build of ``key`` if its file is as it was stored, else None (and the build is dropped)."""
+    kept, stamp = os.path.join(store, key), os.path.join(store, f"stat-{key}")
+    try:
+        with open(stamp, encoding="ascii") as fh:
+            if fh.read() == _stamp(kept):
+                return kept
+    except OSError:
+        pass
+    for path in (kept, stamp):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return None
+
+
+def _keep(store: str, key: str, output: str) -> None:
+    """``output`` into the store as ``key``, with the stamp that tells its file unchanged."""
+    kept = os.path.join(store, key)
+    _place(output, kept)
+    fd, tmp = tempfile.mkstemp(dir=store, prefix=".stamp-")
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.write(_stamp(kept))
+    os.replace(tmp, os.path.join(store, f"stat-{key}"))
 
 
 def _count_hit(store: str) -> None:
@@ -88,14 +131,14 @@ def main(argv: list[str]) -> int:
     if found is None:
         return subprocess.call([real, *argv])
     key, output = found
-    kept = os.path.join(store, key)
-    if os.path.isfile(kept):
+    kept = _kept(store, key)
+    if kept is not None:
         _place(kept, output)
         _count_hit(store)
         return 0
     rc = subprocess.call([real, *argv])
     if rc == 0 and os.path.isfile(output):
-        _place(output, kept)
+        _keep(store, key, output)
     return rc
 
 

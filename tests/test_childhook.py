@@ -34,6 +34,8 @@ from pytest_megacache.childhook import MAX_FILES, MAX_RECORD_BYTES, SPOOL_ENV, C
 from pytest_megacache.childstart import PTH_LINE
 from pytest_megacache.torch_adapter import COUNTER_NAMES
 
+from .conftest import removed_unless_failed
+
 ROOT = Path(__file__).resolve().parent.parent
 PTH_NAME = "pytest_megacache_children.pth"
 ALL_COUNTERS = sorted(name for names in COUNTER_NAMES.values() for name in names)
@@ -891,10 +893,10 @@ class TorchRun:
 
 
 @pytest.fixture(scope="module")
-def torch_run(tmp_path_factory: pytest.TempPathFactory) -> TorchRun:
+def torch_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> TorchRun:
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed")
-    root = tmp_path_factory.mktemp("torch-children")
+    root = removed_unless_failed(request, tmp_path_factory.mktemp("torch-children"))
     (root / "torchlib.py").write_text(TORCH_LIB)
     env = child_env(None, PYTHONPATH=str(root), TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
                     TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")

@@ -63,7 +63,7 @@ class Cxx:
 
     @property
     def builds(self) -> int:
-        return len([p for p in self.store.iterdir() if p.name != "hits"])
+        return len([p for p in self.store.iterdir() if p.name != "hits" and not p.name.startswith("stat-")])
 
 
 def source(folder: Path, text: str, name: str = "k.cpp") -> Path:
@@ -84,6 +84,23 @@ def test_the_same_build_at_another_path_is_served_without_the_compiler(tmp_path:
     assert stat.S_IMODE(second.with_suffix(".so").stat().st_mode) == 0o755
     assert (cxx.builds, cxx.hits) == (1, 1)
     assert not [p for p in (tmp_path / "b" / "57").iterdir() if p.name.startswith(".cxxcache-")]
+
+
+def test_a_served_build_shares_the_stored_file_and_one_written_in_place_is_not_served_again(tmp_path: Path) -> None:
+    cxx = Cxx(tmp_path)
+    builds = [source(tmp_path / d, "int k;") for d in ("a", "b", "c")]
+    outputs = [b.with_suffix(".so") for b in builds]
+    for build, output in zip(builds[:2], outputs[:2], strict=True):
+        assert cxx(str(build), "-o", str(output)).returncode == 0
+    assert (cxx.real_runs, cxx.hits) == (1, 1)
+    assert outputs[0].stat().st_ino == outputs[1].stat().st_ino  # one file on disk (this file system links)
+    with open(outputs[1], "r+b") as fh:  # a session rewrites its output in place: every link sees it
+        fh.write(b"bad")
+    assert cxx(str(builds[2]), "-o", str(outputs[2])).returncode == 0
+    assert cxx.real_runs == 2  # the changed build is a miss; the compiler ran and its output is the store's now
+    assert outputs[2].read_bytes() == b"int k;|"
+    assert cxx(str(builds[0]), "-o", str(outputs[0])).returncode == 0
+    assert (cxx.real_runs, cxx.hits, outputs[0].read_bytes()) == (2, 2, b"int k;|")
 
 
 @pytest.mark.parametrize("change", ["source bytes", "a flag", "the output's name"])

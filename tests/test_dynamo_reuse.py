@@ -18,6 +18,7 @@ import pytest
 
 from pytest_megacache import dynamo_reuse
 
+from .conftest import removed_unless_failed
 from .helpers_torch import Run, TorchProject, skip_without_torch
 
 skip_without_torch()
@@ -610,8 +611,8 @@ def _objects(store: Path) -> list[tuple[Path, Any, Any]]:
 
 
 @pytest.fixture(scope="class")
-def reuse_chain(tmp_path_factory: pytest.TempPathFactory) -> ReuseChain:
-    path: Path = tmp_path_factory.mktemp("dynamo-reuse")
+def reuse_chain(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> ReuseChain:
+    path: Path = removed_unless_failed(request, tmp_path_factory.mktemp("dynamo-reuse"))
     project = TorchProject(path=path, env={"MEGACACHE_DIR": str(path / "store")}, tests=TESTS)
     chain = ReuseChain(project)
     chain.run("cold", 1)

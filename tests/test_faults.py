@@ -27,7 +27,7 @@ import pytest
 
 from pytest_megacache import bundle as bundlemod
 
-from .conftest import HERMETIC_PREFIXES, S3_ENV, S3Server
+from .conftest import HERMETIC_PREFIXES, S3_ENV, S3Server, removed_unless_failed
 from .faultproxy import FaultProxy
 from .helpers_torch import COUNTERS_CONFTEST, skip_without_torch
 
@@ -128,9 +128,9 @@ class Chain:
 
 
 @pytest.fixture(scope="class")
-def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
+def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Chain]:
     with FaultProxy(s3_server.url) as proxy:
-        c = Chain(tmp_path_factory.mktemp("faults"), s3_server, proxy)
+        c = Chain(removed_unless_failed(request, tmp_path_factory.mktemp("faults")), s3_server, proxy)
         c.run("plain", "-p", "no:megacache")
         c.run("cold", env={"SCALE": "1"})
         c.run("trickle-get", mode="trickle-get", env={"SCALE": "1"})

@@ -26,7 +26,7 @@ from pytest_megacache import bundle as bundlemod
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.stats import PHASES
 
-from .conftest import S3Server, free_port
+from .conftest import S3Server, free_port, removed_unless_failed
 from .helpers_torch import Run, TorchProject, skip_without_torch
 
 skip_without_torch()
@@ -108,9 +108,9 @@ class S3Chain:
 
 
 @pytest.fixture(scope="class")
-def s3_chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> S3Chain:
+def s3_chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> S3Chain:
     bucket = s3_server.new_bucket()
-    project = TorchProject(path=tmp_path_factory.mktemp("s3-chain"),
+    project = TorchProject(path=removed_unless_failed(request, tmp_path_factory.mktemp("s3-chain")),
                            env={**s3_server.env(), "MEGACACHE_BUCKET": bucket})
     chain = S3Chain(project, s3_server, bucket)
     chain.run("read", "-k", "test_f", "--megacache-mode", "read")  # on the empty bucket
@@ -225,8 +225,8 @@ class DirChain:
 
 
 @pytest.fixture(scope="class")
-def dir_chain(tmp_path_factory: pytest.TempPathFactory) -> DirChain:
-    base = tmp_path_factory.mktemp("dir-chain")
+def dir_chain(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> DirChain:
+    base = removed_unless_failed(request, tmp_path_factory.mktemp("dir-chain"))
     chain = DirChain(base / "store")
     project = TorchProject(path=base / "project", env={"MEGACACHE_DIR": str(chain.store)})
     event = base / "event.json"

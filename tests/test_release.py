@@ -29,6 +29,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - CI runs 3.11
     import tomli as tomllib
 
+from .conftest import removed_unless_failed
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECK_RELEASE = ROOT / ".github" / "scripts" / "check_release.py"
 PACKAGE = "pytest_megacache"
@@ -60,10 +62,10 @@ def pyproject() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
+def dists(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Dists:
     missing = [name for name in ("build", "twine") if importlib.util.find_spec(name) is None]
     assert not missing, f"{missing} not installed: they are in the test extra (pip install -e '.[test]')"
-    tmp = tmp_path_factory.mktemp("release")
+    tmp = removed_unless_failed(request, tmp_path_factory.mktemp("release"))
     src, out = tmp / "src", tmp / "dist"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*NOT_IN_A_CLONE))
     # Without --sdist/--wheel, build makes the sdist and then the wheel from the sdist: a file the sdist lacks
