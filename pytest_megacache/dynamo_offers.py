@@ -31,20 +31,49 @@ from .dynamo_proofs import check_proofs
 PERSISTENT_REFUSALS = ("class_changed",)
 
 
+class Prepared:
+    """What one stored variant took to make ready in this process, shared by every install of it: each new
+    ``torch.compile()`` wrapper of a function installs its entry again (a test suite makes one per test), and the
+    variant's guard state, unpickled once, and guards built that failed on the frames seen so far serve them all.
+    Guards that held were handed to Dynamo and are built again where the variant is offered next."""
+
+    __slots__ = ("code", "guards_state", "manager", "scope")
+
+    def __init__(self, code: Any, scope: dict[str, Any]) -> None:
+        self.code, self.scope = code, scope  # held: the ids that key it are not reused
+        self.guards_state: Any = None  # torch's guard state, unpickled from the variant's stored bytes
+        self.manager: Any = None  # guards built and not handed to Dynamo yet (they fail on the frames seen so far)
+
+
 class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
 
-    __slots__ = ("code", "context", "digest", "dynamo_code", "failed", "guards_state", "manager", "package", "proofs",
-                 "scope", "stored")
+    __slots__ = ("code", "context", "digest", "dynamo_code", "failed", "package", "prepared", "proofs", "scope",
+                 "stored")
 
     def __init__(self, code: Any, dynamo_code: Any, stored: bytes, scope: dict[str, Any],
                  proofs: list[dict[str, Any]], context: str, package: Any, digest: str) -> None:
         self.code, self.dynamo_code, self.stored, self.scope = code, dynamo_code, stored, scope
         self.proofs, self.context, self.package = proofs, context, package
         self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state): the variant
-        self.guards_state: Any = None  # torch's guard state, unpickled from ``stored`` when first offered
         self.failed: Exception | None = None  # why torch could not load it (not tried again)
-        self.manager: Any = None  # guards built and not handed to Dynamo yet (they fail on the frames seen so far)
+        self.prepared = Prepared(code, scope)
+
+    @property
+    def guards_state(self) -> Any:
+        return self.prepared.guards_state
+
+    @guards_state.setter
+    def guards_state(self, value: Any) -> None:
+        self.prepared.guards_state = value
+
+    @property
+    def manager(self) -> Any:
+        return self.prepared.manager
+
+    @manager.setter
+    def manager(self, value: Any) -> None:
+        self.prepared.manager = value
 
 
 class Offers:
@@ -52,10 +81,15 @@ class Offers:
 
     def __init__(self) -> None:
         self.by_code: dict[int, dict[str, Offer]] = {}
+        self.prepared: dict[tuple[int, str, int], Prepared] = {}  # per code, variant and module: outlives installs
 
     def add(self, offer: Offer) -> None:
         # the same stored variant installed again by another wrapper of the function: the latest install's globals
-        # are those in the module now
+        # are those in the module now; what was made ready for the variant in its module serves again
+        key = (id(offer.code), offer.digest, id(offer.scope))
+        prepared = self.prepared.setdefault(key, offer.prepared)
+        if prepared.code is offer.code and prepared.scope is offer.scope:
+            offer.prepared = prepared
         self.by_code.setdefault(id(offer.code), {})[offer.digest] = offer
 
     def drop_package(self, package: Any) -> None:

@@ -460,6 +460,41 @@ def test_offers_are_kept_per_code_once_per_variant_and_dropped_with_their_packag
     assert offers.of(code) == [again]
 
 
+def test_a_variant_installed_again_keeps_what_was_made_ready_for_it_until_its_guards_are_handed_over() -> None:
+    """Every new wrapper of a function installs its entry again (a suite makes one per test): the variant's guard
+    state, and guards built that failed on the frames so far, serve the new install's offer; guards that held went to
+    Dynamo and are built again. Another module's globals or another code object is another variant."""
+    from pytest_megacache.dynamo_offers import Offer, Offers, take
+
+    code, scope, other_scope = (lambda x: x).__code__, {}, {}
+    digest = dp.guards_digest(b"A guards")
+    offers = Offers()
+    first = Offer(code, None, None, scope, [], "A", object(), digest)
+    offers.add(first)
+    first.guards_state, first.manager = "state", _Guards(False)
+    again = Offer(code, None, None, scope, [], "A", object(), digest)
+    offers.add(again)
+    assert (again.guards_state, again.manager) == ("state", first.manager)
+    builds: list[Any] = []
+
+    def build(offer: Any) -> Any:
+        if offer.manager is not None:
+            return offer.manager
+        builds.append(offer)
+        return _Guards(True)
+
+    assert take([again], "A", {"x": 1}, build)[0] is None and builds == []  # the kept guards fail: nothing built
+    again.manager = None  # as after guards handed to Dynamo
+    third = Offer(code, None, None, scope, [], "A", object(), digest)
+    offers.add(third)
+    found, _ = take([third], "A", {"x": 1}, build)
+    assert found is not None and builds == [third] and third.guards_state == "state" and first.manager is None
+    for elsewhere in (Offer(code, None, None, other_scope, [], "A", object(), digest),
+                      Offer((lambda y: y).__code__, None, None, scope, [], "A", object(), digest)):
+        offers.add(elsewhere)
+        assert elsewhere.guards_state is None and elsewhere.manager is None
+
+
 def test_the_compile_context_names_the_backend_and_sorts_what_hashing_orders() -> None:
     from pytest_megacache import dynamo_context as dc
 
