@@ -33,14 +33,21 @@ each compiling two small functions full of Python-level work (dicts, loops, inli
 with the interpreter running this script, so the project and the plugin must be importable there).
 
 Each run's outcomes are compared test by test with the plain run's, and the table says how many differ.
+
+``--work DIR`` keeps the runs' folders and stores in DIR (else a temporary folder, removed at the end) and each run's
+record in ``DIR/runs.json``: a later invocation with the same DIR and workload restores what an earlier one's cold
+mode stored and prints the earlier runs beside its own (marked), so that the modes of one workload can be spread
+over calls that each have a time limit, on one machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -242,6 +249,7 @@ class Run:
     missed: dict[str, dict[str, int]] = field(default_factory=dict)  # test -> its miss counters, tests with any miss
     problems: list[str] = field(default_factory=list)
     tail: str = ""
+    earlier: bool = False  # read back from an earlier invocation's --work records
 
     @property
     def ok(self) -> bool:
@@ -311,6 +319,7 @@ def read_report(path: Path, run: Run) -> None:
 
 def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | None, logs: Path) -> Run:
     root = work / f"{wl.name}-{mode}-r{repeat}"
+    shutil.rmtree(root, ignore_errors=True)  # a mode run again in a kept --work folder starts as fresh as the first
     for sub in ("inductor", "triton", "tmp"):
         (root / sub).mkdir(parents=True)
     env = {**clean_env(), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
@@ -375,7 +384,7 @@ def make_workload(name: str, base: Path, device: str = "cpu", tests: int = 30) -
         return Workload("varied", project, args)
     if name == "dynamo":
         project = base / "dynamo"
-        project.mkdir()
+        project.mkdir(exist_ok=True)
         (project / "test_dynamo.py").write_text(dynamo_workload(tests))
         (project / "helpers.py").write_text(DYNAMO_HELPERS)
         (project / "conftest.py").write_text(SMALL_CONFTEST)
@@ -385,7 +394,7 @@ def make_workload(name: str, base: Path, device: str = "cpu", tests: int = 30) -
         select = ["-m", "gpu", "-k", "not autotune"] if device == "cuda" else ["-m", "not gpu"]
         return Workload("example", EXAMPLE, ["tests", *select])
     project = base / "small"
-    project.mkdir()
+    project.mkdir(exist_ok=True)
     (project / "test_small.py").write_text(SMALL_WORKLOAD)
     (project / "conftest.py").write_text(SMALL_CONFTEST)
     (project / "pytest.ini").write_text("[pytest]\n")  # rootdir here, not wherever tmp lives
@@ -429,6 +438,21 @@ def valid(runs: list[Run], r: Run) -> bool:
     return any(c.ok for c in runs if c.workload == r.workload and c.repeat == r.repeat and c.mode == cold)
 
 
+def kept_runs(base: Path, runs: list[Run]) -> list[Run]:
+    """The records of earlier invocations kept in ``base/runs.json`` (a workload's mode and repeat run again here
+    replaces its earlier record), and this invocation's added to them. Earlier ones come back marked."""
+    path = base / "runs.json"
+    try:
+        kept = [Run(**{**rec, "earlier": True}) for rec in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        kept = []
+    mine = {(r.workload, r.mode, r.repeat) for r in runs}
+    earlier = [r for r in kept if (r.workload, r.mode, r.repeat) not in mine]
+    path.write_text(json.dumps([{k: v for k, v in asdict(r).items() if k != "earlier"} for r in [*earlier, *runs]],
+                               indent=1))
+    return earlier
+
+
 def table(wl: str, runs: list[Run], repeats: int) -> None:
     mine = [r for r in runs if r.workload == wl]
     by_mode = {mode: [r for r in mine if r.mode == mode and valid(mine, r)] for mode in MODES}
@@ -448,7 +472,8 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
         plugin = mode not in ("plain", "eager")
         stored = median(rs, lambda r: r.new_entries.get("torch/precompile", 0)) if plugin else None
         share = median(rs, lambda r: 100 * r.dynamo_seconds / r.wall if r.dynamo_seconds is not None and r.wall else None)
-        print(f"{mode:8} {len(rs):>2} {counts:>13} {fmt(median(rs, lambda r: r.wall), '.1f'):>7} "
+        label = mode + ("*" if any(r.earlier for r in rs) else "")
+        print(f"{label:8} {len(rs):>2} {counts:>13} {fmt(median(rs, lambda r: r.wall), '.1f'):>7} "
               f"{fmt(median(rs, lambda r: r.compile_seconds)):>9} {fmt(median(rs, lambda r: r.dynamo_seconds)):>8} "
               f"{fmt(share, '.0f'):>8} "
               f"{hit_miss(rs, 'fxgraph_cache_hit', 'fxgraph_cache_miss') if plugin else '':>11} "
@@ -516,6 +541,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every run's record here")
     parser.add_argument("--modes", default="", help="run only these modes (comma-separated; a warm mode needs its "
                                                     "cold one), e.g. cold,warm,cold-pc,warm-pc")
+    parser.add_argument("--work", type=Path, help="keep runs, stores and records here: a later invocation with the same "
+                                                  "folder runs warm modes from an earlier one's cold stores")
     parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "megacache-precompile-logs",
                         help="where the full output of failed pytest runs is kept (default: %(default)s)")
     opts = parser.parse_args()
@@ -528,14 +555,22 @@ def main() -> None:
     if opts.device == "cuda" and names not in (["example"], ["suite"]):
         parser.error("--device cuda runs the example workload only: pass --workload example")
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory(prefix="megacache-precompile-") as tmp:
-        base = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if opts.work is not None:
+            base = opts.work.resolve()
+            base.mkdir(parents=True, exist_ok=True)
+        else:
+            base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="megacache-precompile-")))
         for name in names:
             wl = (Workload("suite", opts.suite.resolve(), opts.suite_args.split()) if name == "suite"
                   else make_workload(name, base, opts.device, opts.tests))
             runs += bench(wl, opts.repeats, base / f"work-{name}", opts.logs, modes)
+        earlier = kept_runs(base, runs) if opts.work is not None else []
     for name in names:
-        table(name, runs, opts.repeats)
+        table(name, [*earlier, *runs], opts.repeats)
+        if any(r.workload == name for r in earlier):
+            print(f"  modes marked * ran in an earlier invocation with --work {opts.work}: "
+                  + ", ".join(sorted({r.mode for r in earlier if r.workload == name})))
     if opts.json:
         records: list[dict[str, Any]] = [{**asdict(r), "ok": r.ok} for r in runs]
         opts.json.write_text(json.dumps(records, indent=1))

@@ -251,7 +251,7 @@ def make_varied_project(base: Path, n: int, device: str) -> tuple[Path, list[str
     source = varied_source(n, device)
     compile(source, TEST_FILE, "exec")  # a generator bug fails here, loudly, before anything is written
     project = base / f"varied-{n}"
-    project.mkdir(parents=True)
+    project.mkdir(parents=True, exist_ok=True)
     (project / "pytest.ini").write_text(PYTEST_INI)
     (project / TEST_FILE).write_text(source)
     return project, [TEST_FILE], project / "pytest.ini"

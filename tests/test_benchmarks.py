@@ -195,3 +195,23 @@ def test_a_children_workload_counts_what_its_child_processes_reported(bench: Mod
 def test_the_ranks_workload_is_the_example_projects_distributed_test(bench: ModuleType) -> None:
     wl = bench.make_ranks("cuda")
     assert wl.children and wl.args == ["tests/test_distributed.py"] and (wl.cwd / wl.args[0]).is_file()
+
+
+def test_precompile_records_kept_in_a_work_folder_come_back_marked_and_a_mode_run_again_replaces_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--work DIR``: the modes of one workload spread over invocations (each under a time limit) are tabled
+    together, a warm run's cold partner from an earlier invocation makes it valid, and a rerun replaces the earlier
+    record of that mode rather than counting twice."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # it imports run.py and varied.py beside it
+    pc = load_benchmark("precompile.py")
+    cold = pc.Run("suite", "cold-pc", 0, wall=100.0, passed=3, dynamo_seconds=10.0)
+    assert pc.kept_runs(tmp_path, [cold]) == []  # nothing earlier; this one is kept
+    warm = pc.Run("suite", "warm-pc", 0, wall=20.0, passed=3, dynamo_seconds=2.0)
+    earlier = pc.kept_runs(tmp_path, [warm])
+    assert [(r.mode, r.wall, r.earlier) for r in earlier] == [("cold-pc", 100.0, True)]
+    assert pc.valid([*earlier, warm], warm) and not pc.valid([warm], warm)
+    again = pc.kept_runs(tmp_path, [pc.Run("suite", "warm-pc", 0, wall=30.0, passed=3)])
+    assert [(r.mode, r.wall) for r in again] == [("cold-pc", 100.0)]  # the first warm-pc record was replaced
+    pc.table("suite", [*again, warm], 1)
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("cold-pc* ") for line in lines) and any(line.startswith("warm-pc  ") for line in lines)
