@@ -96,6 +96,29 @@ def _merged_code(ours: Any, theirs: Any) -> Any:
                                bypassed=ours.bypassed or theirs.bypassed)
 
 
+def entry_signature(entry: Any) -> Any:
+    """What a dynamo cache entry holds, as a value: equal for two entries with the same codes, each with the same
+    variants (a variant is its guards), names, imports and backends, and the same recorded sources and system,
+    however torch pickled them (pickling the same objects again does not give the same bytes). Take it before torch
+    uses the entry: a package records the variants its process traces in the code entries it was given. None where
+    the entry cannot be read so (never equal to anything)."""
+    try:
+        return _signature(entry)
+    except Exception:  # noqa: BLE001 - another layout: written, as torch writes it
+        return None
+
+
+def _signature(entry: Any) -> Any:
+    codes = frozenset(
+        (code_digest(stored_code(code)), code.python_module, frozenset(code.function_names),
+         frozenset(guards_digest(variant.guards_state) for variant in code.guarded_codes),
+         frozenset(code.import_sources.items()), frozenset(code.backend_ids), code.code_source, code.install_to_global,
+         getattr(code, "has_compile_id", None), getattr(code, "bypassed", None))
+        for code in entry.codes)
+    return (len(entry.codes), codes, frozenset(entry.source_info.inlined_sources), entry.device_type,
+            entry.system_info, getattr(entry, "fn_name", None), getattr(entry, "fn_first_lineno", None))
+
+
 def stored_code(entry: Any) -> Any:
     """The code object a stored code entry (torch's ``_DynamoCodeCacheEntry``) was traced from."""
     from torch._dynamo.package import SerializedCode

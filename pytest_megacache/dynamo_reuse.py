@@ -52,7 +52,7 @@ from typing import Any
 
 from . import dynamo_repairs as repairs
 from .dynamo_effects import code_key, failed_load_contained, watch_warnings
-from .dynamo_merge import packages_merged, stored_code
+from .dynamo_merge import entry_signature, packages_merged, stored_code
 from .dynamo_offers import Offer, Offers, offer_where_traced
 from .dynamo_proofs import (
     Refused,
@@ -114,6 +114,7 @@ class _Reuse:
         self.offers = Offers()
         # key -> the stored entry installed in this process; the stored variants whose proofs failed here (digests)
         self.loaded: dict[str, Any] = {}
+        self.loaded_as: dict[str, Any] = {}  # per key, what the stored entry held when installed (entry_signature)
         self.stale: set[str] = set()
         self.contexts: list[str | None] = []  # the compile contexts of the frames being traced (innermost last)
         # id(code) -> code, function, stored entry, backends, the module missing when the function was wrapped
@@ -419,6 +420,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         state.count("dynamo_reused")
         if loaded is not None:
             state.loaded[self.source_id] = loaded  # what the store held: merged into what this process stores
+            # as it is now: the package records the variants this process traces into the same code entries
+            state.loaded_as.setdefault(self.source_id, entry_signature(loaded))
         _advance_unique_ids(bytecode_transformation, modules)
         _record_used(torch, cache, self)
 
@@ -474,9 +477,14 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     def write_each(entry: Any, path: str) -> None:
         try:
-            if state.side_effects and any(code_key(code.python_code) in state.side_effects
-                                          for code in entry.dynamo.codes):
+            codes = entry.dynamo.codes
+            if state.side_effects and any(code_key(code.python_code) in state.side_effects for code in codes):
                 return
+            if not any(code.guarded_codes for code in codes):
+                return  # no variant a later process could take (every one refused here): its backends alone
+            stored = state.loaded_as.get(os.path.basename(path))
+            if stored is not None and entry_signature(entry.dynamo) == stored:
+                return  # the store holds it as it is: written again, its new bytes would be stored again each run
             write(entry, path)
         except Exception as exc:  # noqa: BLE001
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")

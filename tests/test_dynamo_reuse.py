@@ -571,6 +571,7 @@ class ReuseChain:
         self.project.write("generator.py", GENERATOR)
 
     corrupted: tuple[str, bytes] | None = None  # the stored entry cut short before the warm session: key, bytes
+    after_cold: list[dict[str, bytes]] = field(default_factory=list)  # the stored Dynamo entries after the cold session
 
     def run(self, name: str, variant: int, *args: str) -> Run:
         self.write(variant)
@@ -616,6 +617,7 @@ def reuse_chain(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
     project = TorchProject(path=path, env={"MEGACACHE_DIR": str(path / "store")}, tests=TESTS)
     chain = ReuseChain(project)
     chain.run("cold", 1)
+    chain.after_cold = chain.stored_precompile()
     chain.corrupt(b"\x8c\x0buses_global\x94")  # the stored entry of edits.uses_global (its pickled name)
     chain.run("warm", 2, "-W", "error::pytest.PytestUnraisableExceptionWarning")
     return chain
@@ -663,6 +665,28 @@ class TestDynamoReuse:
                      "test_a_function_made_in_the_frame",
                      *(("test_one_function_in_two_wrappers", "test_a_graph_break_traced_by_two_wrappers") if merged else ())):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
+
+    def test_an_entry_taken_as_it_was_stored_is_not_stored_again(self, reuse_chain: ReuseChain) -> None:
+        """torch writes every entry it installed again at the session's end, pickled into other bytes: uploaded as
+        new, the same variants went to the store in every warm run (on a tensor-container suite 104 of its 106
+        entries each time, and a merge of the scope with them). The entry of a function reused as it was stored stays
+        the one copy the cold session stored (two functions whose two variants each were taken from the store). One
+        that gained a variant in the warm session (traced under another compile, or for a rebound module attribute)
+        is stored with both: torch adds the variants a process traces to the entry it installed, and that is no
+        reason to leave it out."""
+
+        def copies(runs: list[dict[str, bytes]], name: bytes) -> set[bytes]:
+            marker = b"\x8c" + bytes([len(name)]) + name + b"\x94"  # the function's pickled name, in its entry
+            return {data for entries in runs for data in entries.values() if marker in data}
+
+        after_warm = reuse_chain.stored_precompile()
+        for name in (b"calls_rebound", b"calls_later"):
+            cold = copies(reuse_chain.after_cold, name)
+            assert len(cold) == 1 and copies(after_warm, name) == cold, name
+        for name in (b"another_compile", b"uses_sin"):
+            [cold], [warm] = copies(reuse_chain.after_cold, name), copies(after_warm, name)
+            # each stored variant's guards start with the plugin's header
+            assert (cold.count(b"megacache-guards-"), warm.count(b"megacache-guards-")) == (1, 2), name
 
     def test_changed_code_is_traced_again(self, reuse_chain: ReuseChain) -> None:
         """An edited body or method is another entry (a miss); an edited inlined helper or default argument is
