@@ -59,22 +59,6 @@ class Offer:
         self.failed: Exception | None = None  # why torch could not load it (not tried again)
         self.prepared = Prepared(code, scope)
 
-    @property
-    def guards_state(self) -> Any:
-        return self.prepared.guards_state
-
-    @guards_state.setter
-    def guards_state(self, value: Any) -> None:
-        self.prepared.guards_state = value
-
-    @property
-    def manager(self) -> Any:
-        return self.prepared.manager
-
-    @manager.setter
-    def manager(self, value: Any) -> None:
-        self.prepared.manager = value
-
 
 class Offers:
     """The offers of this process, per code object (its id; the offer holds the code, so the id is not reused)."""
@@ -86,10 +70,8 @@ class Offers:
     def add(self, offer: Offer) -> None:
         # the same stored variant installed again by another wrapper of the function: the latest install's globals
         # are those in the module now; what was made ready for the variant in its module serves again
-        key = (id(offer.code), offer.digest, id(offer.scope))
-        prepared = self.prepared.setdefault(key, offer.prepared)
-        if prepared.code is offer.code and prepared.scope is offer.scope:
-            offer.prepared = prepared
+        # (a Prepared holds its code and module, so the ids that key it are not reused)
+        offer.prepared = self.prepared.setdefault((id(offer.code), offer.digest, id(offer.scope)), offer.prepared)
         self.by_code.setdefault(id(offer.code), {})[offer.digest] = offer
 
     def drop_package(self, package: Any) -> None:
@@ -140,9 +122,9 @@ def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
         except Exception:  # noqa: BLE001 - a guard that raises on these locals does not hold
             holds = False
         if holds:
-            offer.manager = None  # handed to Dynamo: a cache entry owns it now
+            offer.prepared.manager = None  # handed to Dynamo: a cache entry owns it now
             return (offer, manager), None
-        offer.manager = manager
+        offer.prepared.manager = manager
     if refusal is None and other_context and not this_context:
         # only offers of other compiles; where one of this very compile exists, its guards decide, as torch's would
         refusal = ("context_changed", "compiled under another backend, mode or configuration")
@@ -176,22 +158,22 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
     def build(offer: Offer) -> Any:
         if offer.failed is not None:
             raise offer.failed
-        if offer.guards_state is None:
+        if offer.prepared.guards_state is None:
             try:
                 with timed("precompile_load_guards"):
-                    offer.guards_state = load_guards(offer.stored, offer.scope)
+                    offer.prepared.guards_state = load_guards(offer.stored, offer.scope)
             except Exception as exc:  # the variant is never offered again in this process
                 offer.failed = exc
                 raise
         try:
-            check_proofs(offer.proofs, offer.scope, offer.guards_state.output_graph.local_scope,
+            check_proofs(offer.proofs, offer.scope, offer.prepared.guards_state.output_graph.local_scope,
                          functools.partial(bind_global, offer.package, offer.scope))
         except Refused as exc:
             note_stale(state.stale, offer, exc)
             raise
-        if offer.manager is not None:
-            return offer.manager
-        return load_guard_manager(offer.guards_state, offer.code, offer.scope)
+        if offer.prepared.manager is not None:
+            return offer.prepared.manager
+        return load_guard_manager(offer.prepared.guards_state, offer.code, offer.scope)
 
     def reused(args: dict[str, Any], context: str | None) -> Any:
         state.install_deferred(args["code"])

@@ -420,8 +420,9 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         state.count("dynamo_reused")
         if loaded is not None:
             state.loaded[self.source_id] = loaded  # what the store held: merged into what this process stores
-            # as it is now: the package records the variants this process traces into the same code entries
-            state.loaded_as.setdefault(self.source_id, entry_signature(loaded))
+            if self.source_id not in state.loaded_as:  # once per key (every wrapper of the function installs it)
+                # as it is now: the package records the variants this process traces into the same code entries
+                state.loaded_as[self.source_id] = entry_signature(loaded)
         _advance_unique_ids(bytecode_transformation, modules)
         _record_used(torch, cache, self)
 

@@ -433,7 +433,7 @@ def test_an_offer_is_taken_only_under_its_context_with_its_proofs_and_guards() -
                                          _offer("A", dp.Refused("global_changed", "rebound")), _offer("A", _Guards(True)))
     found, refusal = take([failing, other, unproven, holding], "A", {"x": 1}, _build)
     assert found is not None and found[0] is holding and found[1] is holding.stored and refusal is None
-    assert failing.manager is failing.stored and holding.manager is None  # kept unless handed to Dynamo
+    assert failing.prepared.manager is failing.stored and holding.prepared.manager is None  # kept unless handed to Dynamo
     # nothing holds: why, per frame: a failed proof first, another context only where no offer of this one exists
     assert take([other, unproven, failing], "A", {"x": 1}, _build) == (None, ("global_changed", "global_changed: rebound"))
     assert take([other], "A", {"x": 1}, _build)[1] == (
@@ -471,28 +471,28 @@ def test_a_variant_installed_again_keeps_what_was_made_ready_for_it_until_its_gu
     offers = Offers()
     first = Offer(code, None, None, scope, [], "A", object(), digest)
     offers.add(first)
-    first.guards_state, first.manager = "state", _Guards(False)
+    first.prepared.guards_state, first.prepared.manager = "state", _Guards(False)
     again = Offer(code, None, None, scope, [], "A", object(), digest)
     offers.add(again)
-    assert (again.guards_state, again.manager) == ("state", first.manager)
+    assert (again.prepared.guards_state, again.prepared.manager) == ("state", first.prepared.manager)
     builds: list[Any] = []
 
     def build(offer: Any) -> Any:
-        if offer.manager is not None:
-            return offer.manager
+        if offer.prepared.manager is not None:
+            return offer.prepared.manager
         builds.append(offer)
         return _Guards(True)
 
     assert take([again], "A", {"x": 1}, build)[0] is None and builds == []  # the kept guards fail: nothing built
-    again.manager = None  # as after guards handed to Dynamo
+    again.prepared.manager = None  # as after guards handed to Dynamo
     third = Offer(code, None, None, scope, [], "A", object(), digest)
     offers.add(third)
     found, _ = take([third], "A", {"x": 1}, build)
-    assert found is not None and builds == [third] and third.guards_state == "state" and first.manager is None
+    assert found is not None and builds == [third] and third.prepared.guards_state == "state" and first.prepared.manager is None
     for elsewhere in (Offer(code, None, None, other_scope, [], "A", object(), digest),
                       Offer((lambda y: y).__code__, None, None, scope, [], "A", object(), digest)):
         offers.add(elsewhere)
-        assert elsewhere.guards_state is None and elsewhere.manager is None
+        assert elsewhere.prepared.guards_state is None and elsewhere.prepared.manager is None
 
 
 def test_the_compile_context_names_the_backend_and_sorts_what_hashing_orders() -> None:
