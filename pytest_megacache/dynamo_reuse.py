@@ -51,6 +51,8 @@ import sys
 from typing import Any
 
 from . import dynamo_repairs as repairs
+from .dynamo_backends import eager_graphs_stored, wrapped_after_backend
+from .dynamo_context import innermost_backend
 from .dynamo_effects import code_key, failed_load_contained, watch_warnings
 from .dynamo_merge import entry_signature, packages_merged, stored_code
 from .dynamo_offers import Offer, Offers, offer_where_traced
@@ -228,6 +230,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     compile_id = torch._guards.CompileContext.current_compile_id
     watch_warnings(state, compile_id, getattr(torch._dynamo.output_graph, "OutputGraph", None))
+    eager_graphs_stored(getattr(torch._dynamo.output_graph, "OutputGraph", None), package, innermost_backend)
 
     @functools.wraps(serialize)
     def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
@@ -238,11 +241,12 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.side_effects.add(code_key(state.frame_code))
             raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
         context = state.contexts[-1] if state.contexts else None
-        if context is None:
+        if context is None or wrapped_after_backend(output_graph):
             # a backend of the test's own (or a compile the wrappers did not see start): no later wrapper could be
-            # told apart from it
-            state.refuse("unsupported_backend", "a backend that cannot be named in another process")
-            raise torch._dynamo.exc.PackageError("a backend that cannot be named in another process")
+            # told apart from it; a graph torch runs wrapped, but installs bare (dynamo_backends)
+            why = "a compiled graph torch wraps" if context else "a backend that cannot be named in another process"
+            state.refuse("unsupported_backend", why)
+            raise torch._dynamo.exc.PackageError(why)
         proofs = []
         classes: dict[int, tuple[str, type]] = {}
         builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)

@@ -269,6 +269,24 @@ class MyTensor(torch.Tensor):
     pass
 
 
+def eager_backend(x):
+    return torch.sin(x) * 6 - 2
+
+
+class Plus(torch.Tensor):  # adds 1 to what torch.add gives: Dynamo inlines this into the graph
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if func is torch.add:
+            with torch._C.DisableTorchFunctionSubclass():
+                out = out + 1
+        return out
+
+
+def adds(x):
+    return torch.add(x, 1) * 2
+
+
 @torch._dynamo.assume_constant_result
 def warn_when_traced():
     warnings.warn("shown while traced", UserWarning)
@@ -480,6 +498,18 @@ def test_tensor_subclass_where_the_class_was():
     same(torch.compile(edits.type_of), edits.type_of, x)
 
 
+def test_eager_backend():
+    same(torch.compile(edits.eager_backend, backend="eager"), edits.eager_backend, X)
+
+
+@pytest.mark.skipif(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 12),
+                    reason="torch 2.11 runs such a graph with the subclass's dispatch on: twice, without the plugin too")
+def test_subclass_dispatch_inlined():  # torch runs this graph with subclass dispatch off
+    x = X.as_subclass(edits.Plus)
+    compiled = torch.compile(edits.adds, backend="eager")
+    torch.testing.assert_close(compiled(x).as_subclass(torch.Tensor), edits.adds(x).as_subclass(torch.Tensor))
+
+
 def test_module_attribute_rebound(monkeypatch):
     if VARIANT == 2:
         monkeypatch.setattr(torch, "sin", torch.cos)  # before the first call: the stored entry must be refused
@@ -641,7 +671,8 @@ class TestDynamoReuse:
         for name in ("cold", "warm"):
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
-            assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (36, 0), (name, run.result.outlines[-80:])
+            ran = outcomes.get("passed", 0) + outcomes.get("skipped", 0)  # one skipped on torch 2.11
+            assert (ran, outcomes.get("failed", 0)) == (38, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -662,7 +693,7 @@ class TestDynamoReuse:
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
                      "test_function_passed_as_argument", "test_decorator_instance_unchanged",
                      "test_type_of_a_tensor_unchanged", "test_inlined_default_argument_unchanged",
-                     "test_a_function_made_in_the_frame",
+                     "test_a_function_made_in_the_frame", "test_eager_backend",
                      *(("test_one_function_in_two_wrappers", "test_a_graph_break_traced_by_two_wrappers") if merged else ())):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
 
@@ -715,6 +746,16 @@ class TestDynamoReuse:
         """Installed instead of traced, it would not show the warning a test expects."""
         for name in ("cold", "warm"):
             assert _counters(reuse_chain.runs[name])["dynamo_refused_side_effect"] >= 1, name
+
+    def test_a_graph_torch_runs_wrapped_is_not_stored(self, reuse_chain: ReuseChain) -> None:
+        """Where Dynamo inlined a tensor subclass's ``__torch_function__``, torch runs the compiled graph with subclass
+        dispatch off; its install puts the graph in place without that, and the subclass would handle each operation
+        a second time (checked: taken from the store, the eager backend's graph gave another result than eager)."""
+        if tuple(map(int, importlib.metadata.version("torch").split(".")[:2])) < (2, 12):
+            pytest.skip("torch 2.11 runs it with subclass dispatch on (the case is skipped in the sessions)")
+        warm = reuse_chain.runs["warm"]
+        assert _counters(reuse_chain.runs["cold"])["dynamo_refused_unsupported_backend"] >= 1
+        assert _compiles(warm, "test_subclass_dispatch_inlined") > 0
 
     def test_a_rebound_global_is_refused(self, reuse_chain: ReuseChain) -> None:
         c = _counters(reuse_chain.runs["warm"])

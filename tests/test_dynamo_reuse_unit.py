@@ -778,3 +778,20 @@ def test_torch_failing_to_record_a_frames_code_is_told_apart_from_the_frames_own
     with pytest.raises(ValueError, match="the frame's own"):
         with package.code_context("named"):
             raise ValueError("the frame's own")
+
+
+def test_a_graph_torch_wraps_after_its_backend_is_told_apart() -> None:
+    """torch runs a graph with subclass dispatch off where Dynamo inlined a ``__torch_function__``, and dispatches
+    between specialized graphs where a shape was specialized; it stores and installs the bare backend."""
+    from pytest_megacache.dynamo_backends import wrapped_after_backend
+
+    def output_graph(inlined: bool, specializations: list[str]) -> Any:
+        shape_env = types.SimpleNamespace(specializations=specializations)
+        return types.SimpleNamespace(torch_function_subclass_inlined=inlined,
+                                     tracing_context=types.SimpleNamespace(fake_mode=types.SimpleNamespace(
+                                         shape_env=shape_env)))
+
+    assert not wrapped_after_backend(output_graph(False, []))
+    assert wrapped_after_backend(output_graph(True, []))
+    assert wrapped_after_backend(output_graph(False, ["x.size(0) == 8"]))
+    assert not wrapped_after_backend(types.SimpleNamespace())  # torch 2.11: neither attribute, no wrapper
