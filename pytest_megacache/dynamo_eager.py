@@ -8,7 +8,7 @@ from typing import Any
 from torch._dynamo.precompile_context import EagerCacheArtifact
 
 
-class GraphForward(EagerCacheArtifact):  # type: ignore[misc]
+class GraphForward(EagerCacheArtifact):
     """A graph of torch's ``eager`` backend, installed as its ``forward`` (what the backend returned)."""
 
     def after_deserialization(self) -> Any:
