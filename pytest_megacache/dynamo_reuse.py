@@ -570,7 +570,8 @@ def _fresh(pkg: Any, fn: Any, initialize: Any) -> None:
     initialize(pkg, fn, None, False)
 
 
-_NUMBERED = re.compile(r"^__[A-Za-z_]*?_(\d+)(?:_[0-9a-fA-F_]+)?$")
+# torch's unique_id names: a prefix (numbered too: `__resume_at_<offset>`), `_<n>`, for a graph a uuid4 (`_` for `-`)
+_NUMBERED = re.compile(r"^__\w*?_(\d+)(?:_[0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12})?$")
 
 
 def _advance_unique_ids(bytecode_transformation: Any, modules: list[Any]) -> None:

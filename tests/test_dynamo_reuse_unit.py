@@ -795,3 +795,17 @@ def test_a_graph_torch_wraps_after_its_backend_is_told_apart() -> None:
     assert wrapped_after_backend(output_graph(True, []))
     assert wrapped_after_backend(output_graph(False, ["x.size(0) == 8"]))
     assert not wrapped_after_backend(types.SimpleNamespace())  # torch 2.11: neither attribute, no wrapper
+
+
+def test_the_numbering_moves_past_every_installed_name_whatever_numbers_its_prefix_holds() -> None:
+    """A resume function is named ``__resume_at_<offset>_<n>``: the counter must move past n, not the offset (a frame
+    traced later picked an installed name, and torch asserted: ``assert name not in scope``)."""
+    import itertools
+
+    counter = types.SimpleNamespace(_unique_id_counter=itertools.count(3))
+    module = types.ModuleType("installed")
+    for name in ("__resume_at_1302_1685", "__compiled_fn_12_0a1b2c3d_1234_4abc_8def_0123456789ab",
+                 "__builtins_dict___103", "__import_torch_dot_nn"):
+        setattr(module, name, None)
+    dr._advance_unique_ids(counter, [module])
+    assert next(counter._unique_id_counter) == 1686
