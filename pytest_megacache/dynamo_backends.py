@@ -8,30 +8,33 @@ imported until :func:`eager_graphs_stored` runs).
   stored as torch's own ``EagerCacheArtifact`` holds one, and installed as its ``forward``, the callable the backend
   returned (calling the module would run global module hooks that the traced frame did not). Only where the compile
   asked for torch's ``eager`` function itself (a backend of a test's own that returns the graph may count or record
-  what it is given: it must run), the graph was not wrapped after the backend returned it (below), and it pickles.
-- **A graph torch wraps after its backend returned it** (:func:`wrapped_after_backend`): where Dynamo inlined a
-  tensor subclass's ``__torch_function__`` it runs the compiled graph with subclass dispatch disabled (else the
-  subclass would handle each operation twice), and where a shape was specialized it dispatches between specialized
-  graphs. torch records the backend before either wrapper, and its install puts the bare backend in place: such a
-  frame is not stored (``unsupported backend``), whatever its backend.
+  what it is given: it must run), and where it pickles.
+- **A graph torch runs with subclass dispatch off.** Where Dynamo inlined a ``__torch_function__`` (a tensor
+  subclass's, or an object's such as a tensor container's), torch runs the compiled graph with tensor-subclass dispatch
+  off (else a subclass would handle each operation twice), but records and installs the bare backend: the artifact
+  torch recorded for it (now, or later: a training graph's once its backward ran) is stored wrapped, so that the graph
+  is installed as torch ran it (without, an eager graph taken from the store gave another result than eager).
+- **A graph torch dispatches between shape specializations** (:func:`wrapped_after_backend`): torch records the
+  backend before that dispatcher; such a frame is not stored (``unsupported backend``), whatever its backend.
 """
 
 from __future__ import annotations
 
 import functools
 import pickle
+import threading
 import weakref
 from typing import Any
 
 __all__ = ["eager_graphs_stored", "wrapped_after_backend"]
 
 _EAGER_GRAPHS: weakref.WeakSet[Any] = weakref.WeakSet()  # graphs torch's eager backend returned as they were
+_LAST = threading.local()  # the graph just compiled: run with subclass dispatch off? (torch names it right after)
+_DISPATCH_OFF: set[str] = set()  # backends of this process that torch runs with subclass dispatch off
 
 
 def wrapped_after_backend(output_graph: Any) -> bool:
-    """Whether torch wraps the frame's compiled graphs after their backend returned them (see above)."""
-    if getattr(output_graph, "torch_function_subclass_inlined", False):
-        return True
+    """Whether torch dispatches the frame's compiled graphs between shape specializations (see above)."""
     shape_env = getattr(getattr(getattr(output_graph, "tracing_context", None), "fake_mode", None), "shape_env", None)
     return bool(getattr(shape_env, "specializations", None))
 
@@ -51,7 +54,7 @@ def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any)
     caching precompile)."""
     from torch._dynamo.precompile_context import PrecompileContext
 
-    from .dynamo_eager import GraphForward
+    from .dynamo_eager import DispatchOff, GraphForward
 
     call_user_compiler = getattr(output_graph, "call_user_compiler", None)
     add_backend_id = getattr(getattr(package, "CompilePackage", None), "add_backend_id", None)
@@ -61,6 +64,7 @@ def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any)
     @functools.wraps(call_user_compiler)
     def compiled_by(self: Any, gm: Any, *args: Any, **kwargs: Any) -> Any:
         compiled = call_user_compiler(self, gm, *args, **kwargs)
+        _LAST.dispatch_off = bool(getattr(self, "torch_function_subclass_inlined", False))
         try:
             if (getattr(compiled, "__self__", None) is gm and _torch_eager(self.compiler_fn, innermost_backend)
                     and not getattr(self, "export", False)):
@@ -72,6 +76,7 @@ def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any)
     @functools.wraps(add_backend_id)
     def named(self: Any, backend_id: str, backend: Any = None) -> None:
         add_backend_id(self, backend_id, backend)
+        dispatch_off, _LAST.dispatch_off = getattr(_LAST, "dispatch_off", False), False
         gm = getattr(backend, "__self__", None)
         try:
             if gm is not None and gm in _EAGER_GRAPHS:
@@ -79,7 +84,34 @@ def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any)
                 PrecompileContext.record_artifact(GraphForward(key=backend_id, content=gm))
         except Exception:  # noqa: BLE001
             pass
+        if dispatch_off:
+            _DISPATCH_OFF.add(str(backend_id))
+
+    def as_run(backends: Any) -> Any:
+        """The backends as torch ran them, where torch writes an entry with them."""
+        if not _DISPATCH_OFF.intersection(map(str, backends)):
+            return backends
+        try:
+            return {k: DispatchOff(key=k, content=v) if str(k) in _DISPATCH_OFF and not isinstance(v, DispatchOff)
+                    else v for k, v in backends.items()}
+        except Exception:  # noqa: BLE001 - never written bare: left out, their variants are not stored
+            return {k: v for k, v in backends.items() if str(k) not in _DISPATCH_OFF}
+
+    entry_class = package.PrecompileCacheEntry
+    from_cache_entry = entry_class.from_cache_entry
+
+    @functools.wraps(from_cache_entry)
+    def written_as_run(cache_entry: Any, backends: Any, *args: Any, **kwargs: Any) -> Any:
+        return from_cache_entry(cache_entry, as_run(backends), *args, **kwargs)
+
+    serialize = PrecompileContext.serialize_artifact_by_key
+
+    @functools.wraps(serialize)
+    def serialized(key: str) -> Any:
+        return as_run({key: artifact})[key] if (artifact := serialize(key)) is not None else None
 
     named._megacache_eager = True  # type: ignore[attr-defined]
     output_graph.call_user_compiler = compiled_by
     package.CompilePackage.add_backend_id = named
+    entry_class.from_cache_entry = staticmethod(written_as_run)
+    setattr(PrecompileContext, "serialize_artifact_by_key", staticmethod(serialized))  # noqa: B010 - torch's classmethod

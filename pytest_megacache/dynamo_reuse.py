@@ -243,8 +243,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         context = state.contexts[-1] if state.contexts else None
         if context is None or wrapped_after_backend(output_graph):
             # a backend of the test's own (or a compile the wrappers did not see start): no later wrapper could be
-            # told apart from it; a graph torch runs wrapped, but installs bare (dynamo_backends)
-            why = "a compiled graph torch wraps" if context else "a backend that cannot be named in another process"
+            # told apart from it; graphs torch dispatches between, but installs one of (dynamo_backends)
+            why = "shape specializations" if context else "a backend that cannot be named in another process"
             state.refuse("unsupported_backend", why)
             raise torch._dynamo.exc.PackageError(why)
         proofs = []

@@ -780,21 +780,18 @@ def test_torch_failing_to_record_a_frames_code_is_told_apart_from_the_frames_own
             raise ValueError("the frame's own")
 
 
-def test_a_graph_torch_wraps_after_its_backend_is_told_apart() -> None:
-    """torch runs a graph with subclass dispatch off where Dynamo inlined a ``__torch_function__``, and dispatches
-    between specialized graphs where a shape was specialized; it stores and installs the bare backend."""
+def test_a_graph_torch_dispatches_between_specializations_is_told_apart() -> None:
+    """torch records the backend before the dispatcher between a shape's specialized graphs, and installs it bare."""
     from pytest_megacache.dynamo_backends import wrapped_after_backend
 
-    def output_graph(inlined: bool, specializations: list[str]) -> Any:
+    def output_graph(specializations: list[str]) -> Any:
         shape_env = types.SimpleNamespace(specializations=specializations)
-        return types.SimpleNamespace(torch_function_subclass_inlined=inlined,
-                                     tracing_context=types.SimpleNamespace(fake_mode=types.SimpleNamespace(
-                                         shape_env=shape_env)))
+        return types.SimpleNamespace(tracing_context=types.SimpleNamespace(fake_mode=types.SimpleNamespace(
+            shape_env=shape_env)))
 
-    assert not wrapped_after_backend(output_graph(False, []))
-    assert wrapped_after_backend(output_graph(True, []))
-    assert wrapped_after_backend(output_graph(False, ["x.size(0) == 8"]))
-    assert not wrapped_after_backend(types.SimpleNamespace())  # torch 2.11: neither attribute, no wrapper
+    assert not wrapped_after_backend(output_graph([]))
+    assert wrapped_after_backend(output_graph(["x.size(0) == 8"]))
+    assert not wrapped_after_backend(types.SimpleNamespace())  # no shape environment: nothing to dispatch between
 
 
 def test_the_numbering_moves_past_every_installed_name_whatever_numbers_its_prefix_holds() -> None:
