@@ -22,7 +22,8 @@ from .stores import ObjectInfo, Store, new_object_name
 from .torch_adapter import MISS_COUNTERS, counter_sum
 
 # The reasons Dynamo reuse refuses a stored entry when it loads it (counted as ``dynamo_refused_<reason>``).
-REFUSED_AT_LOAD = ("load_failed", "code_changed", "collision", "missing_module", "global_changed")
+# (not `global_changed`: such a variant is kept in the entry written, for the processes where it holds)
+REFUSED_AT_LOAD = ("load_failed", "code_changed", "collision", "missing_module")
 MAX_COLD_SECONDS = 500  # artifacts whose cold compile seconds one object's header records
 MAX_COMPILE_SECONDS = 86_400.0  # what one recorded compile may claim to have cost
 

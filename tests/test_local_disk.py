@@ -314,8 +314,8 @@ class Precompile(FakeTorch):
     """Saves one Dynamo entry under a fixed key, with the bytes given; ``refused``: the stored one was refused when
     loaded (as Dynamo reuse counts it)."""
 
-    def __init__(self, data: bytes, refused: bool = False) -> None:
-        self.data, self.refused = data, refused
+    def __init__(self, data: bytes, refused: str | bool = False) -> None:
+        self.data, self.refused = data, "load_failed" if refused is True else refused
         super().__init__([KEY_A])
 
     def save(self) -> bytes | None:
@@ -324,7 +324,7 @@ class Precompile(FakeTorch):
         return torchfmt.serialize([("inductor", KEY_A, b"graph"), ("precompile", "p" * 64, self.data)])
 
     def counters(self) -> dict[str, int]:
-        return {**super().counters(), **({"dynamo_refused_load_failed": 1} if self.refused else {})}
+        return {**super().counters(), **({f"dynamo_refused_{self.refused}": 1} if self.refused else {})}
 
 
 def precompile_copies(store_dir: Path) -> list[bytes]:
@@ -350,14 +350,19 @@ def test_a_dynamo_entry_traced_again_replaces_the_refused_one_at_once(tmpdir_: P
     assert again.upload_stats.reason == "nothing new"
 
 
-def test_a_dynamo_entry_that_grew_is_uploaded_and_wins_merged_at_the_next_merge(tmpdir_: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("refused", [False, "global_changed"])
+def test_a_dynamo_entry_that_grew_is_uploaded_and_wins_merged_at_the_next_merge(tmpdir_: Path, tmp_path: Path,
+                                                                                 refused: str | bool) -> None:
     """Without a refusal (a variant added to an installed entry), the grown entry is uploaded and is the one a
-    restore takes; the older copy goes at the next merge, as overlapping objects do."""
+    restore takes; the older copy goes at the next merge, as overlapping objects do. So too where a stored variant
+    was refused because a global names another object in this process: the entry written keeps that variant for the
+    processes where it holds, so the older copy holds nothing the new one lacks (merging the scope at once stored
+    the whole scope, compiled kernels included, again at the end of every warm run)."""
     store = LocalDirStore(tmp_path / "store")
     for name, data in (("cold", b"one variant"), ("warm", b"two variants")):
         s = session(store, tmp_path / name)
         s.start_restore(background=False)
-        s.finish(Precompile(data))  # type: ignore[arg-type]
+        s.finish(Precompile(data, refused if name == "warm" else False))  # type: ignore[arg-type]
         s.close()
     assert sorted(precompile_copies(tmp_path / "store")) == [b"one variant", b"two variants"]
     merge = session(store, tmp_path / "merge")
