@@ -257,6 +257,10 @@ def two_wrappers(x):
     return torch.cos(x) * 3
 
 
+def two_variants(x):
+    return torch.cos(x) * 5 + 1
+
+
 def another_compile(x):
     return torch.sin(x) * 4 - 1
 
@@ -521,6 +525,12 @@ def test_one_function_in_two_wrappers():
     same(torch.compile(edits.two_wrappers), edits.two_wrappers, X.double())  # the second wrapper's own variant
 
 
+def test_one_variant_of_two_corrupted():  # stored with two variants, the first one's guards cut warm
+    compiled = torch.compile(edits.two_variants)
+    same(compiled, edits.two_variants, X)
+    same(compiled, edits.two_variants, X.double())
+
+
 def test_another_compile_than_stored():
     # fullgraph warm only: in one process torch keeps the frames of wrappers of other backends, modes or fullgraph
     # apart, and traces again after a reset; a stored variant is no more taken across them
@@ -601,6 +611,7 @@ class ReuseChain:
         self.project.write("generator.py", GENERATOR)
 
     corrupted: tuple[str, bytes] | None = None  # the stored entry cut short before the warm session: key, bytes
+    variant_corrupted: bool = False  # one stored variant's guards overwritten (the entry itself loads)
     after_cold: list[dict[str, bytes]] = field(default_factory=list)  # the stored Dynamo entries after the cold session
 
     def run(self, name: str, variant: int, *args: str) -> Run:
@@ -616,18 +627,34 @@ class ReuseChain:
     def corrupt(self, marker: bytes) -> None:
         """Cut the last byte (pickle's STOP) off the stored Dynamo entry whose bytes hold ``marker``, inside an object
         that stays valid (encoded again, unsigned): torch's loader fails on it after unpickling its compiled graphs."""
+        name, cut = self._rewrite(marker, lambda data: data[:-1])
+        self.corrupted = (name, cut)
+
+    def corrupt_first_variant(self, marker: bytes) -> None:
+        """Overwrite the start of torch's guard state in the first stored variant of the entry holding ``marker`` (the
+        same length: the entry's own pickle stays valid): that variant cannot be loaded, the others can."""
+
+        def overwrite(data: bytes) -> bytes:
+            start = data.index(b"megacache-guards-")
+            size_at = data.index(b"\n", start) + 1  # the plugin's header: magic line, its length (8 bytes), JSON
+            state = size_at + 8 + int.from_bytes(data[size_at:size_at + 8], "big")
+            return data[:state + 2] + b"\xff" * 16 + data[state + 18:]
+
+        self._rewrite(marker, overwrite)
+        self.variant_corrupted = True
+
+    def _rewrite(self, marker: bytes, change: Any) -> tuple[str, bytes]:
         from pytest_megacache import bundle as bundlemod
 
         for path, header, entries in _objects(self.project.path / "store"):
             hits = [e for e in entries if e.kind == "torch/precompile" and marker in e.data]
             if hits:
                 [entry] = hits
-                cut = entry.data[:-1]
+                data = change(entry.data)
                 rest = [e for e in entries if e.ident != entry.ident]
-                path.write_bytes(bundlemod.encode(bundlemod.Entries([*rest, entry.with_data(cut)]), header.fingerprint,
+                path.write_bytes(bundlemod.encode(bundlemod.Entries([*rest, entry.with_data(data)]), header.fingerprint,
                                                   header.extra))
-                self.corrupted = (entry.name, cut)
-                return
+                return entry.name, data
         raise AssertionError(f"no stored Dynamo entry holds {marker!r}")
 
 
@@ -649,6 +676,7 @@ def reuse_chain(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
     chain.run("cold", 1)
     chain.after_cold = chain.stored_precompile()
     chain.corrupt(b"\x8c\x0buses_global\x94")  # the stored entry of edits.uses_global (its pickled name)
+    chain.corrupt_first_variant(b"\x8c\x0ctwo_variants\x94")
     chain.run("warm", 2, "-W", "error::pytest.PytestUnraisableExceptionWarning")
     return chain
 
@@ -672,7 +700,7 @@ class TestDynamoReuse:
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
             ran = outcomes.get("passed", 0) + outcomes.get("skipped", 0)  # one skipped on torch 2.11
-            assert (ran, outcomes.get("failed", 0)) == (38, 0), (name, run.result.outlines[-80:])
+            assert (ran, outcomes.get("failed", 0)) == (39, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -757,6 +785,15 @@ class TestDynamoReuse:
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
         assert (_compiles(cold, "test_subclass_dispatch_inlined"), _compiles(warm, "test_subclass_dispatch_inlined")) \
             == (1, 0)
+
+    def test_a_variant_torch_fails_to_load_costs_that_variant_only(self, reuse_chain: ReuseChain) -> None:
+        """One of an entry's two stored variants has guards torch cannot unpickle: that call is traced (and compared
+        with eager), the other variant is still taken from the store."""
+        assert reuse_chain.variant_corrupted
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        assert (_compiles(cold, "test_one_variant_of_two_corrupted"),
+                _compiles(warm, "test_one_variant_of_two_corrupted")) == (2, 1)
+        assert _counters(warm)["dynamo_refused_torch_error"] >= 1
 
     def test_a_rebound_global_is_refused(self, reuse_chain: ReuseChain) -> None:
         c = _counters(reuse_chain.runs["warm"])
