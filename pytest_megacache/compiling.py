@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import isaprobe
+from . import dynamo_reuse, isaprobe
 from .context import Context
 from .roles import Role
 from .torch_adapter import PostImportHook, TorchAdapter
@@ -61,8 +61,11 @@ class Compiling(Role):
         self.strict_wait()
         if self.settings.precompile:
             # torch looks a precompile entry up when torch.compile() wraps a function (at import, for a decorator),
-            # before any compile starts: with --megacache-precompile the restore is loaded before collection.
-            self._on_first_compile()
+            # before any compile starts: with --megacache-precompile the restore is loaded where it first does so
+            # (it runs beside collection until then, as without the option), or here where reuse is not installed.
+            self.start_cache()
+            if not dynamo_reuse.before_first_load(self._on_first_compile):
+                self._on_first_compile()
 
     def _isa_not_armed(self, why: str) -> None:
         self.notes.append(why)  # a whole sentence: what happens instead (isaprobe.install)

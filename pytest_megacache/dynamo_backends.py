@@ -14,6 +14,11 @@ imported until :func:`eager_graphs_stored` runs).
   off (else a subclass would handle each operation twice), but records and installs the bare backend: the artifact
   torch recorded for it (now, or later: a training graph's once its backward ran) is stored wrapped, so that the graph
   is installed as torch ran it (without, an eager graph taken from the store gave another result than eager).
+- **A stored entry's backends, recorded once per process** (:func:`backends_recorded_once`): torch records every
+  backend of an entry it loads into its precompile context, a deep copy each, and a suite that wraps a function anew
+  in each test (after ``torch._dynamo.reset()``) loads its entry each time: on a GPU host that copying took as long
+  as the entries' installs many times over. A backend whose id (unique to the compile that made it) is recorded
+  already is not copied again.
 - **A graph torch dispatches between shape specializations** (:func:`wrapped_after_backend`): torch records the
   backend before that dispatcher; such a frame is not stored (``unsupported backend``), whatever its backend.
 """
@@ -26,7 +31,7 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["eager_graphs_stored", "wrapped_after_backend"]
+__all__ = ["backends_recorded_once", "eager_graphs_stored", "wrapped_after_backend"]
 
 _EAGER_GRAPHS: weakref.WeakSet[Any] = weakref.WeakSet()  # graphs torch's eager backend returned as they were
 _LAST = threading.local()  # the graph just compiled: run with subclass dispatch off? (torch names it right after)
@@ -115,3 +120,30 @@ def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any)
     package.CompilePackage.add_backend_id = named
     entry_class.from_cache_entry = staticmethod(written_as_run)
     setattr(PrecompileContext, "serialize_artifact_by_key", staticmethod(serialized))  # noqa: B010 - torch's classmethod
+
+
+def backends_recorded_once(cache: Any) -> None:
+    """Where ``cache`` (torch's ``DynamoCache``) loads an entry, a backend already in torch's precompile context
+    under its id is not recorded (deep-copied) again (see above)."""
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    load_cache_entry = cache.load_cache_entry
+    record = PrecompileContext.record_artifact
+    loading = threading.local()
+
+    @functools.wraps(load_cache_entry)
+    def load_once(key: str) -> Any:
+        loading.on = True
+        try:
+            return load_cache_entry(key)
+        finally:
+            loading.on = False
+
+    @functools.wraps(record)
+    def record_once(artifact: Any) -> None:
+        if getattr(loading, "on", False) and PrecompileContext.serialize_artifact_by_key(artifact.key) is not None:
+            return
+        record(artifact)
+
+    cache.load_cache_entry = load_once
+    setattr(PrecompileContext, "record_artifact", staticmethod(record_once))  # noqa: B010 - torch's classmethod

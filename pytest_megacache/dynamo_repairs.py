@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import re
 import sys
 from typing import Any
 
@@ -243,3 +245,25 @@ def module_globals(name: str) -> dict[str, Any]:
 
 def _serialized_code(cls: Any, fields: dict[str, Any]) -> Any:
     return cls(**fields)
+
+
+# torch's unique_id names: a prefix (numbered too: `__resume_at_<offset>`), `_<n>`, for a graph a uuid4 (`_` for `-`)
+_NUMBERED = re.compile(r"^__\w*?_(\d+)(?:_[0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12})?$")
+
+
+def numbering_past(bytecode_transformation: Any, modules: list[Any]) -> None:
+    """An installed entry puts globals into its modules (the builtins dict, compiled and resume functions, import
+    aliases) named with numbers from torch's per-process counter in the process that traced them, and a failed
+    install can leave some there: a frame traced now must not pick the same names (torch asserts, or runs the
+    wrong one). So the counter moves past every such number in those modules."""
+    for module in {id(m): m for m in modules if m is not None}.values():
+        for name in list(vars(module)):
+            if name.startswith("__"):
+                numbering_past_name(bytecode_transformation, name)
+
+
+def numbering_past_name(bytecode_transformation: Any, name: str) -> None:
+    """torch's per-process counter of numbered names moved past the number of ``name`` (if torch numbered it)."""
+    if match := _NUMBERED.match(name):
+        current = next(bytecode_transformation._unique_id_counter)
+        bytecode_transformation._unique_id_counter = itertools.count(max(current, int(match.group(1)) + 1))

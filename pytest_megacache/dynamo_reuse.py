@@ -43,7 +43,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-import itertools
 import os
 import pickle
 import re
@@ -51,7 +50,7 @@ import sys
 from typing import Any
 
 from . import dynamo_repairs as repairs
-from .dynamo_backends import eager_graphs_stored, wrapped_after_backend
+from .dynamo_backends import backends_recorded_once, eager_graphs_stored, wrapped_after_backend
 from .dynamo_context import innermost_backend
 from .dynamo_effects import code_key, failed_load_contained, watch_warnings
 from .dynamo_merge import entry_signature, packages_merged, stored_code
@@ -105,6 +104,7 @@ class _Reuse:
         # that its id is not reused before torch's install hands it back)
         self.pending: dict[int, tuple[list[dict[str, Any]], str, str, bytes, Any]] = {}
         self.installing: Any = None  # the CompilePackage being installed
+        self.before_load: Any = lambda: None  # the session's: the restore loaded into torch (see before_first_load)
         self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
         self.frame_code: Any = None  # the code of the frame whose guards are being built
         # Frames (file, first line, name) of which a trace showed a warning: no entry holding one is written, though
@@ -231,6 +231,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     compile_id = torch._guards.CompileContext.current_compile_id
     watch_warnings(state, compile_id, getattr(torch._dynamo.output_graph, "OutputGraph", None))
     eager_graphs_stored(getattr(torch._dynamo.output_graph, "OutputGraph", None), package, innermost_backend)
+    backends_recorded_once(package.DynamoCache)
 
     @functools.wraps(serialize)
     def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
@@ -341,6 +342,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     load = cache.load
 
     def checked_load(fn: Any) -> Any:
+        state.before_load()
         try:
             with failed_load_contained(state):
                 result = load(fn)
@@ -416,7 +418,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
                 self.uninstall()
             finally:
                 _fresh(self, fn, initialize)
-                _advance_unique_ids(bytecode_transformation, modules)
+                repairs.numbering_past(bytecode_transformation, modules)
             return
         finally:
             eval_frame.skip_code = skip_code
@@ -427,7 +429,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             if self.source_id not in state.loaded_as:  # once per key (every wrapper of the function installs it)
                 # as it is now: the package records the variants this process traces into the same code entries
                 state.loaded_as[self.source_id] = entry_signature(loaded)
-        _advance_unique_ids(bytecode_transformation, modules)
+        repairs.numbering_past(bytecode_transformation, modules)
         _record_used(torch, cache, self)
 
     CompilePackage.install = install_or_fresh
@@ -513,8 +515,7 @@ def _guards_of(load_guards_state: Any, builtins_of: Any, bytecode_transformation
             raise Refused("global_changed", f"{name} is not the builtins dict")
         # numbered by the tracing process: a frame traced from now on must not pick the same name (torch asserts,
         # and the frame runs eagerly)
-        if match := _NUMBERED.match(name):
-            _advance_past(bytecode_transformation, int(match.group(1)))
+        repairs.numbering_past_name(bytecode_transformation, name)
     return loaded
 
 
@@ -570,28 +571,14 @@ def _fresh(pkg: Any, fn: Any, initialize: Any) -> None:
     initialize(pkg, fn, None, False)
 
 
-# torch's unique_id names: a prefix (numbered too: `__resume_at_<offset>`), `_<n>`, for a graph a uuid4 (`_` for `-`)
-_NUMBERED = re.compile(r"^__\w*?_(\d+)(?:_[0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12})?$")
-
-
-def _advance_unique_ids(bytecode_transformation: Any, modules: list[Any]) -> None:
-    """An installed entry puts globals into its modules (the builtins dict, compiled and resume functions, import
-    aliases) named with numbers from torch's per-process counter in the process that traced them, and a failed
-    install can leave some there: a frame traced now must not pick the same names (torch asserts, or runs the
-    wrong one). So the counter moves past every such number in those modules."""
-    highest = -1
-    for module in {id(m): m for m in modules if m is not None}.values():
-        for name in list(vars(module)):
-            if name.startswith("__") and (match := _NUMBERED.match(name)):
-                highest = max(highest, int(match.group(1)))
-    if highest >= 0:
-        _advance_past(bytecode_transformation, highest)
-
-
-def _advance_past(bytecode_transformation: Any, number: int) -> None:
-    """torch's per-process counter of numbered names moved past ``number``."""
-    current = next(bytecode_transformation._unique_id_counter)
-    bytecode_transformation._unique_id_counter = itertools.count(max(current, number + 1))
+def before_first_load(callback: Any) -> bool:
+    """``callback`` (the session's restore, waited for and loaded into torch, once) runs where torch first looks a
+    stored entry up (a ``torch.compile()`` wrapping a function), not sooner: the restore runs meanwhile, beside the
+    session's imports and collection. False where reuse is not installed."""
+    if _STATE is None:
+        return False
+    _STATE.before_load = callback
+    return True
 
 
 def refusal_reasons() -> dict[str, str]:

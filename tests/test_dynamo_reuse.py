@@ -842,3 +842,45 @@ class TestDynamoReuse:
         key, cut = reuse_chain.corrupted
         copies = [entries[key] for entries in reuse_chain.stored_precompile() if key in entries]
         assert copies and cut not in copies, "the entry torch failed to load is still stored"
+
+
+RECORDED_ONCE = """
+from torch._dynamo.precompile_context import EagerCacheArtifact, PrecompileContext
+
+from pytest_megacache.dynamo_backends import backends_recorded_once
+
+KEY = "__compiled_fn_1_a"
+
+
+class Store:  # torch's DynamoCache, as far as loading an entry goes
+    def load_cache_entry(self, key):
+        PrecompileContext.record_artifact(EagerCacheArtifact(key=KEY, content=[key]))
+        return key
+
+
+store = Store()
+backends_recorded_once(store)
+assert store.load_cache_entry("first") == "first"
+recorded = PrecompileContext._backend_artifacts_by_key[KEY]
+store.load_cache_entry("again")  # the same backend again: not copied
+assert PrecompileContext._backend_artifacts_by_key[KEY] is recorded and recorded.content == ["first"]
+PrecompileContext.record_artifact(EagerCacheArtifact(key=KEY, content=["compiled"]))  # a compile's: replaces it
+assert PrecompileContext._backend_artifacts_by_key[KEY].content == ["compiled"]
+print("checked")
+"""
+
+
+def test_a_loaded_entrys_backends_are_recorded_once_per_process(tmp_path: Path) -> None:
+    """torch deep-copies each backend of an entry it loads into its precompile context; a suite that wraps a
+    function anew in each test loads its entry each time. A backend recorded already is not copied again on load;
+    one recorded by a compile (not a load) still replaces what is there. (In a process of its own: torch's state.)"""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "recorded_once.py"
+    script.write_text(RECORDED_ONCE)
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "checked", done.stderr[-2000:]

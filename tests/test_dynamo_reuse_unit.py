@@ -804,5 +804,5 @@ def test_the_numbering_moves_past_every_installed_name_whatever_numbers_its_pref
     for name in ("__resume_at_1302_1685", "__compiled_fn_12_0a1b2c3d_1234_4abc_8def_0123456789ab",
                  "__builtins_dict___103", "__import_torch_dot_nn"):
         setattr(module, name, None)
-    dr._advance_unique_ids(counter, [module])
+    dynamo_repairs.numbering_past(counter, [module])
     assert next(counter._unique_id_counter) == 1686
