@@ -342,7 +342,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     load = cache.load
 
     def checked_load(fn: Any) -> Any:
-        state.before_load()
+        before, state.before_load = state.before_load, lambda: None  # once
+        before()
         try:
             with failed_load_contained(state):
                 result = load(fn)
