@@ -256,14 +256,21 @@ def numbering_past(bytecode_transformation: Any, modules: list[Any]) -> None:
     aliases) named with numbers from torch's per-process counter in the process that traced them, and a failed
     install can leave some there: a frame traced now must not pick the same names (torch asserts, or runs the
     wrong one). So the counter moves past every such number in those modules."""
-    for module in {id(m): m for m in modules if m is not None}.values():
-        for name in list(vars(module)):
-            if name.startswith("__"):
-                numbering_past_name(bytecode_transformation, name)
+    numbers = [_number(name) for module in {id(m): m for m in modules if m is not None}.values()
+               for name in list(vars(module)) if name.startswith("__")]
+    _advance_past(bytecode_transformation, max((n for n in numbers if n is not None), default=None))
 
 
 def numbering_past_name(bytecode_transformation: Any, name: str) -> None:
     """torch's per-process counter of numbered names moved past the number of ``name`` (if torch numbered it)."""
-    if match := _NUMBERED.match(name):
+    _advance_past(bytecode_transformation, _number(name))
+
+
+def _number(name: str) -> int | None:
+    return int(match.group(1)) if (match := _NUMBERED.match(name)) else None
+
+
+def _advance_past(bytecode_transformation: Any, number: int | None) -> None:
+    if number is not None:
         current = next(bytecode_transformation._unique_id_counter)
-        bytecode_transformation._unique_id_counter = itertools.count(max(current, int(match.group(1)) + 1))
+        bytecode_transformation._unique_id_counter = itertools.count(max(current, number + 1))
