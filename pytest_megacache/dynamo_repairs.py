@@ -7,7 +7,7 @@ the form it was written against (else nothing of it is changed).
 - :func:`sources_unpickle`: a stored guard on a function's default value loads again (torch 2.11 pickles a source's
   derived fields, which its constructor does not take).
 - :func:`backendless_variants_dropped`: a variant whose compiled graph has no stored backend is left out of what is
-  written, instead of every variant of its code.
+  written (and counted), instead of every variant of its code.
 - :func:`module_globals_by_name`: output code that makes a function (Dynamo loads the function's module globals as a
   constant) is written with the module's name in place of its globals, instead of not at all.
 """
@@ -19,6 +19,7 @@ import functools
 import itertools
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -146,21 +147,26 @@ def _constructor_takes_derived(cls: type) -> None:
     cls._megacache_unpickles = True  # type: ignore[attr-defined]
 
 
-def backendless_variants_dropped(package: Any) -> None:
+def backendless_variants_dropped(package: Any, state: Any) -> None:
     """torch writes no variant of a code object where one variant's compiled graph has no stored backend (a forward
-    whose backward never ran, a graph Inductor did not compile through its cache): it logs "Backend not found" and
-    bypasses the code, so its other variants, complete as they are, are traced again in every run. Here only the
-    variants whose bytecode calls a missing backend are left out of what is written; a code left with none is
-    bypassed as torch does."""
+    whose backward never ran, a graph Inductor did not compile through its cache, a graph torch could not serialize):
+    it logs "Backend not found" and bypasses the code, so its other variants, complete as they are, are traced again
+    in every run. Here only the variants whose bytecode calls a missing backend are left out of what is written; a code
+    left with none is bypassed as torch does. Each variant left out is counted (``no_backend``): its frame is traced
+    again in every run, and the report says why."""
     entry_class: Any = getattr(package, "PrecompileCacheEntry", None)
     from_cache_entry = getattr(entry_class, "from_cache_entry", None)
     if from_cache_entry is None:
         return
 
+    def dropped(count: int) -> None:
+        for _ in range(count):
+            state.refuse("no_backend", NO_BACKEND)
+
     @functools.wraps(from_cache_entry)
     def from_cache_entry_per_variant(cache_entry: Any, backends: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            cache_entry = _without_backendless(cache_entry, backends)
+            cache_entry = _without_backendless(cache_entry, backends, dropped)
         except Exception:  # noqa: BLE001 - torch's own handling of the entry, as without this
             pass
         return from_cache_entry(cache_entry, backends, *args, **kwargs)
@@ -168,12 +174,17 @@ def backendless_variants_dropped(package: Any) -> None:
     entry_class.from_cache_entry = staticmethod(from_cache_entry_per_variant)
 
 
-def _without_backendless(cache_entry: Any, backends: Any) -> Any:
+NO_BACKEND = ("torch stored no compiled graph for it (a forward whose backward never ran, or a graph torch could not "
+              "serialize: see torch's log)")
+
+
+def _without_backendless(cache_entry: Any, backends: Any, dropped: Callable[[int], None] = lambda count: None) -> Any:
     codes, changed = [], False
     for code in cache_entry.codes:
         missing = {backend for backend in code.backend_ids if backend not in backends}
         if missing and not code.bypassed:
             kept = [variant for variant in code.guarded_codes if not _names(variant.dynamo_code) & missing]
+            dropped(len(code.guarded_codes) - len(kept))
             if kept:
                 code = dataclasses.replace(code, guarded_codes=kept,
                                            backend_ids=[b for b in code.backend_ids if b not in missing])

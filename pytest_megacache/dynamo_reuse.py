@@ -82,7 +82,7 @@ UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unsupported_backend", "unpicklable", "global_changed",
             "local_changed", "class_changed", "context_changed", "missing_module", "side_effect", "torch_error",
-            "load_failed")
+            "load_failed", "no_backend")
 COUNTERS = ("dynamo_reused", "dynamo_frames_reused", "dynamo_traced", "dynamo_stored",
             *(f"dynamo_refused_{r}" for r in REFUSALS))
 
@@ -468,7 +468,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # torch 2.11 stores guards on a function's default values in a form it cannot load again.
     repairs.sources_unpickle(torch)
     # torch writes none of a code's variants where one lacks its compiled graph's backend: the others are written.
-    repairs.backendless_variants_dropped(package)
+    repairs.backendless_variants_dropped(package, state)
     # torch writes no entry whose output code makes a function (its module's globals are a constant there).
     repairs.module_globals_by_name(package)
 

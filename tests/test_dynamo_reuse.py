@@ -277,6 +277,10 @@ def eager_backend(x):
     return torch.sin(x) * 6 - 2
 
 
+def forward_only(x):
+    return torch.cos(x) * 3 + 1
+
+
 class Plus(torch.Tensor):  # adds 1 to what torch.add gives: Dynamo inlines this into the graph
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -506,6 +510,11 @@ def test_eager_backend():
     same(torch.compile(edits.eager_backend, backend="eager"), edits.eager_backend, X)
 
 
+def test_a_forward_whose_backward_never_runs():  # torch stores no compiled graph for it
+    x = X.clone().requires_grad_()
+    same(torch.compile(edits.forward_only), edits.forward_only, x)
+
+
 @pytest.mark.skipif(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 12),
                     reason="torch 2.11 runs such a graph with the subclass's dispatch on: twice, without the plugin too")
 def test_subclass_dispatch_inlined():  # torch runs this graph with subclass dispatch off
@@ -700,7 +709,7 @@ class TestDynamoReuse:
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
             ran = outcomes.get("passed", 0) + outcomes.get("skipped", 0)  # one skipped on torch 2.11
-            assert (ran, outcomes.get("failed", 0)) == (39, 0), (name, run.result.outlines[-80:])
+            assert (ran, outcomes.get("failed", 0)) == (40, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -794,6 +803,18 @@ class TestDynamoReuse:
         assert (_compiles(cold, "test_one_variant_of_two_corrupted"),
                 _compiles(warm, "test_one_variant_of_two_corrupted")) == (2, 1)
         assert _counters(warm)["dynamo_refused_torch_error"] >= 1
+
+    def test_a_frame_torch_stored_no_graph_for_is_counted_and_traced(self, reuse_chain: ReuseChain) -> None:
+        """A forward whose inputs require grad, in a test that never calls backward: torch stores its AOTAutograd
+        entry only once the backward is compiled, so the frame has no stored graph; its variant is left out of what is
+        written, counted with the reason, and the frame is traced in every run."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        test = "test_a_forward_whose_backward_never_runs"
+        assert (_compiles(cold, test), _compiles(warm, test)) == (1, 1)
+        for run in (cold, warm):
+            assert _counters(run)["dynamo_refused_no_backend"] >= 1, _counters(run)
+            assert run.report is not None
+            assert "no compiled graph" in run.report["torch"]["dynamo_refusals"]["no_backend"], run.report["torch"]
 
     def test_a_rebound_global_is_refused(self, reuse_chain: ReuseChain) -> None:
         c = _counters(reuse_chain.runs["warm"])

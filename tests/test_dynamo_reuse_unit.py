@@ -651,11 +651,15 @@ def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_wri
     main = CodeEntry([complete, backendless, inner], ["__compiled_fn_1", "__compiled_fn_2", "__compiled_fn_3"])
     alone = CodeEntry([backendless], ["__compiled_fn_2"])
     entry = Entry([main, alone])
-    kept = dynamo_repairs._without_backendless(entry, {"__compiled_fn_1": object()})
+    counted: list[int] = []
+    kept = dynamo_repairs._without_backendless(entry, {"__compiled_fn_1": object()}, counted.append)
     assert kept.codes[0].guarded_codes == [complete] and kept.codes[0].backend_ids == ["__compiled_fn_1"]
+    assert counted == [2, 1]  # each variant left out is counted, those of a code torch then bypasses too
     assert kept.codes[1] is alone  # nothing left of it: torch bypasses it, as it would have
     assert main.guarded_codes == [complete, backendless, inner]  # what the process recorded is left as it was
-    assert dynamo_repairs._without_backendless(entry, {f"__compiled_fn_{i}": 0 for i in (1, 2, 3)}) is entry
+    every = {f"__compiled_fn_{i}": 0 for i in (1, 2, 3)}
+    assert dynamo_repairs._without_backendless(entry, every, counted.append) is entry
+    assert counted == [2, 1]  # nothing left out, nothing counted
 
 
 def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(monkeypatch: pytest.MonkeyPatch) -> None:
