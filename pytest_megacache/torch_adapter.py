@@ -88,7 +88,7 @@ class TorchAdapter:
         self.compile_seconds = 0.0
         self._started: float | None = None
         self.per_test: dict[str, CompileRecord] = {}
-        self._test: tuple[str, float, int, dict[str, int], int] | None = None
+        self._test: tuple[str, float, int, dict[str, int], int, int] | None = None
         # torch's own split of the compile seconds (its per-frame compilation metrics), summed as they come
         self.split = {"dynamo": 0.0, "backend": 0.0, "backward": 0.0}
         self.import_spans: list[tuple[float, float]] = []  # torch's and torch._dynamo's imports, when a hook saw them
@@ -194,12 +194,13 @@ class TorchAdapter:
 
     # --- per-test attribution --------------------------------------------------------------------
     def begin_test(self, nodeid: str) -> None:
-        self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen_set()))
+        self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen_set()),
+                      len(self._installed()))
 
     def end_test(self) -> None:
         if self._test is None:
             return
-        nodeid, seconds, compiles, counters, seen = self._test
+        nodeid, seconds, compiles, counters, seen, installed = self._test
         self._test = None
         if self.compiles != compiles:  # torch's ring of metrics holds 64 frames: read it after each test that compiled
             self.absorb_metrics()
@@ -215,6 +216,7 @@ class TorchAdapter:
         for k, v in delta.items():
             record.counters[k] = record.counters.get(k, 0) + v
         record.artifacts.extend(self._seen()[seen:])
+        record.artifacts.extend(("precompile", key) for key in self._installed()[installed:])
 
     @staticmethod
     def _seen_set() -> Any:
@@ -224,8 +226,18 @@ class TorchAdapter:
 
     @classmethod
     def seen_artifacts(cls) -> list[tuple[str, str]]:
-        """(type, key) of every artifact torch recorded in this process so far (none where torch is not imported)."""
-        return cls._seen()
+        """(type, key) of every artifact torch recorded in this process so far (none where torch is not imported),
+        and of every stored Dynamo entry installed (Dynamo reuse)."""
+        return cls._seen() + [("precompile", key) for key in cls._installed()]
+
+    @staticmethod
+    def _installed() -> list[str]:
+        """The keys of the stored Dynamo entries installed in this process so far (none without Dynamo reuse)."""
+        used = getattr(sys.modules.get("pytest_megacache.dynamo_reuse"), "used_entries", None)
+        try:
+            return list(used()) if used is not None else []
+        except Exception:  # noqa: BLE001 - attribution is best effort
+            return []
 
     @classmethod
     def _seen(cls) -> list[tuple[str, str]]:

@@ -725,6 +725,7 @@ class TestDynamoReuse:
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
         c = _counters(warm)
         assert c["dynamo_reused"] >= 5 and c["dynamo_frames_reused"] >= 5, c
+        assert warm.report is not None and warm.report["torch"]["layers"]["precompile"]["used"] >= 5, warm.report["torch"]
         merged = dynamo_reuse.release_checked(importlib.metadata.version("torch"), dynamo_reuse.MERGED_RELEASES)
         for test in ("test_unchanged", "test_same_name_same_line_in_two_modules", "test_decorated_at_import",
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
