@@ -178,7 +178,7 @@ NO_BACKEND = ("torch stored no compiled graph for it (a forward whose backward n
               "serialize: see torch's log)")
 
 
-def _without_backendless(cache_entry: Any, backends: Any, dropped: Callable[[int], None] = lambda count: None) -> Any:
+def _without_backendless(cache_entry: Any, backends: Any, dropped: Callable[[int], None]) -> Any:
     codes, changed = [], False
     for code in cache_entry.codes:
         missing = {backend for backend in code.backend_ids if backend not in backends}
