@@ -215,3 +215,13 @@ def test_precompile_records_kept_in_a_work_folder_come_back_marked_and_a_mode_ru
     pc.table("suite", [*again, warm], 1)
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("cold-pc* ") for line in lines) and any(line.startswith("warm-pc  ") for line in lines)
+
+
+def test_dynamo_seconds_count_the_unpickling_of_offered_variants_once() -> None:
+    """torch's timings nest: the guard states unpickled (``precompile_load_guards``) are timed inside the offers'
+    guard building (``precompile_build_guards``), and Dynamo's seconds hold them once."""
+    seconds = load_benchmark("bench_dynamo_seconds.py").dynamo_seconds({
+        "compile_attempt_0": [5.0, 3.0], "OutputGraph.call_user_compiler": [2.0],
+        "precompile_build_guards": [1.5, 0.5], "precompile_load_guards": [1.0], "bytecode_tracing": [4.0]})
+    assert seconds["dynamo"] == 8.0 - 2.0 + 2.0
+    assert (seconds["reuse_guards"], seconds["reuse_unpickle"]) == (2.0, 1.0)
