@@ -182,10 +182,14 @@ class LocalDirStore:
         try:
             with os.scandir(path) as it:
                 for item in it:
-                    if valid_object_name(item.name) and item.is_file(follow_symlinks=False):
+                    if not (valid_object_name(item.name) and item.is_file(follow_symlinks=False)):
+                        continue
+                    try:
                         st = item.stat(follow_symlinks=False)
-                        out.append(ObjectInfo(item.name, st.st_size, st.st_mtime))
-        except FileNotFoundError:
+                    except FileNotFoundError:  # deleted while the folder was read (another session's compaction)
+                        continue
+                    out.append(ObjectInfo(item.name, st.st_size, st.st_mtime))
+        except FileNotFoundError:  # no folder: nothing stored there yet
             return []
         except OSError as exc:
             raise StoreError(f"cannot list {path}: {exc.strerror or exc}", "io") from exc
@@ -267,7 +271,10 @@ class LocalDirStore:
                     path = os.path.join(dirpath, fn)
                     if split is None or os.path.islink(path):
                         continue
-                    st = os.lstat(path)
+                    try:
+                        st = os.lstat(path)
+                    except FileNotFoundError:  # deleted while the tree was read
+                        continue
                     out.append((split[0], ObjectInfo(fn, st.st_size, st.st_mtime)))
         except OSError as exc:
             raise StoreError(f"cannot walk {base}: {exc.strerror or exc}", "io") from exc

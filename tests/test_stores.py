@@ -401,6 +401,42 @@ def test_dir_store_does_not_overwrite_an_object_that_appears_while_it_writes(
     assert [p.name for p in folder.iterdir()] == [name(1)]
 
 
+def test_dir_store_lists_what_stays_when_an_object_is_deleted_while_it_lists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another session's compaction deletes an object between the folder's read and that object's stat: the
+    listing (and the walk) go on without it, rather than coming back empty or failing."""
+    store = LocalDirStore(tmp_path)
+    for i in (1, 2, 3):
+        store.put(FOLDER, name(i), b"x" * i)
+    folder = tmp_path.joinpath(*FOLDER.split("/"))
+    real_scandir, real_lstat = os.scandir, os.lstat
+
+    class Entries:  # os.scandir's iterator, deleting the second object once the folder was read
+        def __init__(self, path: Any) -> None:
+            with real_scandir(path) as it:
+                self.items = sorted(it, key=lambda e: e.name)
+            (folder / name(2)).unlink(missing_ok=True)
+
+        def __enter__(self) -> Any:
+            return iter(self.items)
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    monkeypatch.setattr(os, "scandir", Entries)
+    assert [(o.name, o.size) for o in store.list(FOLDER)] == [(name(1), 1), (name(3), 3)]
+    monkeypatch.undo()
+    store.put(FOLDER, name(2), b"xx")
+
+    def lstat(path: Any, *args: Any, **kw: Any) -> Any:
+        if os.path.basename(path) == name(2):
+            (folder / name(2)).unlink(missing_ok=True)
+        return real_lstat(path, *args, **kw)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    assert [info.name for _f, info in store.walk(FOLDER)] == [name(1), name(3)]
+
+
 def test_dir_store_get_does_not_follow_a_link(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path / "store")
     store.put(FOLDER, name(1), b"x")
