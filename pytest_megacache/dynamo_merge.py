@@ -18,8 +18,9 @@ from .dynamo_proofs import guards_digest
 def packages_merged(state: Any, cache: Any) -> None:
     """torch's ``record_package`` on ``cache`` (its DynamoCache) merges each package with those recorded before
     under its key (``state.recorded``) and with the stored entry installed under it (``state.loaded``), less the
-    variants refused in this process for a reason any later process would give too (``state.stale``); a failure
-    keeps the last package alone, as torch does, and is counted."""
+    variants refused in this process for a reason any later process would give too (``state.stale``) and those
+    refused in the very test that traced them, whose frame was traced again, and never taken here
+    (``state.superseded``); a failure keeps the last package alone, as torch does, and is counted."""
     record = getattr(cache, "record_package", None)
     try:
         from torch._dynamo.precompile_context import PrecompileContext
@@ -41,8 +42,9 @@ def packages_merged(state: Any, cache: Any) -> None:
             parts = [entry for _package, entry in per_package.values()]
             if (loaded := state.loaded.get(key)) is not None:
                 parts.insert(0, loaded)  # a package that did not load it (its install failed) would lose it
-            if len(parts) > 1 or state.stale:
-                entries[key] = _without(_merged(parts), state.stale)
+            drop = state.stale | (state.superseded - state.taken)
+            if len(parts) > 1 or drop:
+                entries[key] = _without(_merged(parts), drop)
         except Exception as exc:  # noqa: BLE001 - the last package alone, as torch keeps it
             state.refuse("torch_error", f"packages of one function not merged: {type(exc).__name__}: {exc}")
 
@@ -73,7 +75,8 @@ def _merged(entries: list[Any]) -> Any:
 
 def _without(entry: Any, stale: set[str]) -> Any:
     """The entry without the variants whose stored guards (by digest) are in ``stale``: they would be refused again
-    (:data:`pytest_megacache.dynamo_offers.PERSISTENT_REFUSALS`); a later trace stores what holds then."""
+    (:data:`pytest_megacache.dynamo_offers.PERSISTENT_REFUSALS`, or a variant its own test refused and traced
+    again); a later trace stores what holds then."""
     if not stale:
         return entry
     codes = [dataclasses.replace(code, guarded_codes=[

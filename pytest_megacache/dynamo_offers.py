@@ -48,13 +48,15 @@ class Prepared:
 class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
 
-    __slots__ = ("code", "context", "digest", "dynamo_code", "failed", "package", "prepared", "proofs", "scope",
-                 "stored")
+    __slots__ = ("code", "context", "digest", "dynamo_code", "failed", "origin", "package", "prepared", "proofs",
+                 "scope", "stored")
 
     def __init__(self, code: Any, dynamo_code: Any, stored: bytes, scope: dict[str, Any],
-                 proofs: list[dict[str, Any]], context: str, package: Any, digest: str) -> None:
+                 proofs: list[dict[str, Any]], context: str, package: Any, digest: str,
+                 origin: tuple[str, bool] = ("", False)) -> None:
         self.code, self.dynamo_code, self.stored, self.scope = code, dynamo_code, stored, scope
         self.proofs, self.context, self.package = proofs, context, package
+        self.origin = origin  # the tag of the test it was traced in, and whether it replaced a variant refused there
         self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state): the variant
         self.failed: Exception | None = None  # why torch could not load it (not tried again)
         self.prepared = Prepared(code, scope)
@@ -94,6 +96,18 @@ def note_stale(stale: set[str], offer: Offer, refused: Refused) -> None:
     """An offer refused for a reason any later process would give too is not stored again from this one."""
     if refused.reason in PERSISTENT_REFUSALS:
         stale.add(offer.digest)
+
+
+def superseded(refused: list[Offer], test: str) -> tuple[bool, set[str]]:
+    """For a frame about to be traced in ``test`` (a tag) after a proof refused the stored variants ``refused``:
+    whether what it traces replaces a variant of that very test (stored so: ``retraced``), and the variants not to
+    write again (digests), those refused so a second time running. A proof that fails in the test that traced the
+    variant fails in every run where the object it names is described anew each time (a decorator instance's scratch
+    state, a registry's order): each such run added a variant never used. The first time, the refused variant is
+    kept: a run with another binding of the moment (a test's ``monkeypatch`` in one job, not in another) may take it
+    again."""
+    own = [offer for offer in refused if test and offer.origin[0] == test]
+    return bool(own), {offer.digest for offer in own if offer.origin[1]}
 
 
 def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
@@ -170,6 +184,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
                          functools.partial(bind_global, offer.package, offer.scope))
         except Refused as exc:
             note_stale(state.stale, offer, exc)
+            state.refused_now.append(offer)
             raise
         if offer.prepared.manager is not None:
             return offer.prepared.manager
@@ -183,13 +198,17 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         compile_id = args["compile_id"]
         if exceeds is not None and exceeds(args["cache_size"], compile_id)[0]:
             return None  # torch says so, as without the option
+        state.refused_now = []
         with timed("precompile_build_guards"):
             found, refusal = take(offers, context, args["locals"], build)
         if found is None:
             if refusal is not None:
                 state.refuse(*refusal)  # once per frame traced in place of a stored variant
+            state.retraced, replaced = superseded(state.refused_now, state.test)
+            state.superseded.update(replaced)  # not written again, unless taken elsewhere in this process
             return None
         offer, manager = found
+        state.taken.add(offer.digest)
         state.count("dynamo_frames_reused")
         # what torch notes of a frame it traced: its output code's origin (read where a later call of it recompiles)
         # and the code to reset with Dynamo's caches
@@ -202,7 +221,8 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
 
     @functools.wraps(compile_fn)
     def _compile(*args: Any, **kwargs: Any) -> Any:
-        context = None
+        context, outer = None, state.retraced  # outer: an enclosing compile's, put back when this one ends
+        state.retraced = False  # set by reused() for the frame traced next
         try:
             bound = signature.bind(*args, **kwargs).arguments
             context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"])
@@ -211,6 +231,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             state.refuse("torch_error", f"stored variants not offered: {type(exc).__name__}: {exc}")
             result = None
         if result is not None:
+            state.retraced = outer
             return result
         state.contexts.append(context)
         try:
@@ -225,6 +246,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
                 return compile_fn(*again.args, **again.kwargs)
         finally:
             state.contexts.pop()
+            state.retraced = outer
 
     convert_frame._compile = _compile
 

@@ -25,7 +25,8 @@ from .dynamo_proof_globals import check_global, prove_global
 from .dynamo_proof_locals import check_local, prove_local
 
 __all__ = ["Refused", "check_proofs", "code_digest", "describe", "describe_member", "find", "function_of",
-           "guards_digest", "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "unpack_guards"]
+           "guards_digest", "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "tag_of_test",
+           "unpack_guards"]
 
 _MAGIC = b"megacache-guards-3\n"
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
@@ -105,10 +106,15 @@ def check_proofs(proofs: list[dict[str, Any]], scope: dict[str, Any], local_scop
             check_local(proof, steps, local_scope)
 
 
-def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes) -> bytes:
-    """torch's guard state with the proofs of its identity guards and the digest of the context it was compiled in
-    (:func:`pytest_megacache.dynamo_context.compile_context`)."""
-    header = json.dumps({"proofs": proofs, "context": context}, separators=(",", ":")).encode()
+def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes, test: str = "",
+                retraced: bool = False) -> bytes:
+    """torch's guard state with the proofs of its identity guards, the digest of the context it was compiled in
+    (:func:`pytest_megacache.dynamo_context.compile_context`), the tag of the test it was traced in
+    (:func:`tag_of_test`; empty outside a test) and whether it was traced in place of a stored variant that a proof
+    refused in that test (``retraced``)."""
+    fields: dict[str, Any] = {"proofs": proofs, "context": context, **({"test": test} if test else {}),
+                              **({"retraced": True} if retraced else {})}
+    header = json.dumps(fields, separators=(",", ":")).encode()
     return _MAGIC + len(header).to_bytes(8, "big") + header + guards_state
 
 
@@ -118,9 +124,16 @@ def guards_digest(data: bytes) -> str:
     return hashlib.sha256(bytes(data)).hexdigest()
 
 
-def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes]:
-    """The proofs, the compile context and torch's guard state; raises :class:`Refused` for guards stored without
-    proofs."""
+def tag_of_test(nodeid: str) -> str:
+    """What a stored variant keeps of the test it was traced in: a digest of its id (an id may carry a parameter's
+    value)."""
+    return hashlib.sha256(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes, tuple[str, bool]]:
+    """The proofs, the compile context, torch's guard state and where the variant was traced: the tag of its test
+    ("" where none was recorded) and whether it was traced in place of a variant a proof refused in that test;
+    raises :class:`Refused` for guards stored without proofs."""
     if not isinstance(data, (bytes, bytearray)) or not bytes(data[:len(_MAGIC)]) == _MAGIC:
         raise Refused("unsupported_guard", "guards stored without the plugin's proofs")
     start = len(_MAGIC) + 8
@@ -131,4 +144,6 @@ def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes]:
     if not isinstance(proofs, list) or not isinstance(context, str) or not all(
             isinstance(p, dict) and (("path" in p and "is" in p) or "class" in p) for p in proofs):
         raise Refused("unsupported_guard", "malformed proofs")
-    return proofs, context, bytes(data[start + size:])
+    test = header.get("test", "")
+    origin = (test if isinstance(test, str) else "", header.get("retraced") is True)
+    return proofs, context, bytes(data[start + size:]), origin

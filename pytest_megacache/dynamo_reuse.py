@@ -64,6 +64,7 @@ from .dynamo_proofs import (
     prove,
     prove_class,
     source_id,
+    tag_of_test,
     unpack_guards,
 )
 
@@ -102,7 +103,7 @@ class _Reuse:
         self.rootdir = rootdir
         # per placeholder of a guard state: proofs, context, digest, torch's stored state, the placeholder (held, so
         # that its id is not reused before torch's install hands it back)
-        self.pending: dict[int, tuple[list[dict[str, Any]], str, str, bytes, Any]] = {}
+        self.pending: dict[int, tuple[list[dict[str, Any]], str, str, bytes, Any, tuple[str, bool]]] = {}
         self.installing: Any = None  # the CompilePackage being installed
         self.before_load: Any = lambda: None  # the session's: the restore loaded into torch (see before_first_load)
         self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
@@ -123,6 +124,13 @@ class _Reuse:
         self.deferred: dict[int, tuple[Any, Any, Any, Any, str]] = {}
         self.install_deferred: Any = lambda code: None
         self.used: dict[str, None] = {}  # the keys of the stored entries installed in this process, in order
+        self.test = ""  # the tag of the test running (dynamo_proofs.tag_of_test), stored with what it traces
+        # Stored variants (digests) taken in this process; and those refused so a second time running (see
+        # dynamo_offers.superseded): a variant refused so and never taken is not written again.
+        self.taken: set[str] = set()
+        self.superseded: set[str] = set()
+        self.refused_now: list[Any] = []  # the offers a proof refused while the frame being compiled was offered
+        self.retraced = False  # the frame being traced replaces a variant its own test refused (dynamo_offers)
 
     def count(self, name: str, n: int = 1) -> None:
         try:
@@ -285,7 +293,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse(reason, f"{type(exc).__name__}: {exc}")
             raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         state.count("dynamo_stored")
-        return pack_guards(proofs, context, data)
+        return pack_guards(proofs, context, data, state.test, state.retraced)
 
     CheckFunctionManager.serialize_guards = serialize_guards
 
@@ -296,10 +304,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         # torch's install unpickles every variant's guards here, and builds them next: both are left to the offer
         # (a variant of another compile, or of a frame never called, is never unpickled), whose placeholder tells
         # torch's install that no builtins dict is to be put in place yet (the offer does it, as torch does)
-        proofs, context, inner = unpack_guards(data)
+        proofs, context, inner, origin = unpack_guards(data)
         placeholder = guards_state_class.__new__(guards_state_class)
         object.__setattr__(placeholder, "output_graph", _NO_BUILTINS)
-        state.pending[id(placeholder)] = (proofs, context, guards_digest(data), inner, placeholder)
+        state.pending[id(placeholder)] = (proofs, context, guards_digest(data), inner, placeholder, origin)
         return placeholder
 
     package.load_guards_state = load_guards_state_proven
@@ -311,8 +319,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         pending = state.pending.pop(id(guards_state), None)
         if pending is None:
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
-        proofs, context, digest, inner, _ = pending
-        return Offer(target_code, None, inner, runtime_global_scope, proofs, context, state.installing, digest)
+        proofs, context, digest, inner, _, origin = pending
+        return Offer(target_code, None, inner, runtime_global_scope, proofs, context, state.installing, digest, origin)
 
     package.load_guard_manager = load_guard_manager_deferred
     eval_frame_c = torch._C._dynamo.eval_frame
@@ -569,6 +577,12 @@ def before_first_load(callback: Any) -> bool:
         return False
     _STATE.before_load = callback
     return True
+
+
+def set_test(nodeid: str | None) -> None:
+    """The test now running in this process (None: none), whose tag the variants traced in it keep."""
+    if _STATE is not None:
+        _STATE.test = tag_of_test(nodeid) if nodeid else ""
 
 
 def used_entries() -> list[str]:

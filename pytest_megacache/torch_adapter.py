@@ -196,8 +196,14 @@ class TorchAdapter:
     def begin_test(self, nodeid: str) -> None:
         self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen_set()),
                       len(self._installed()))
+        set_test = getattr(sys.modules.get("pytest_megacache.dynamo_reuse"), "set_test", None)
+        if set_test is not None:
+            set_test(nodeid)  # what a test traces keeps its tag (Dynamo reuse)
 
     def end_test(self) -> None:
+        set_test = getattr(sys.modules.get("pytest_megacache.dynamo_reuse"), "set_test", None)
+        if set_test is not None:
+            set_test(None)
         if self._test is None:
             return
         nodeid, seconds, compiles, counters, seen, installed = self._test

@@ -690,6 +690,12 @@ def reuse_chain(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
     return chain
 
 
+def _copies(runs: list[dict[str, bytes]], name: bytes) -> set[bytes]:
+    """The stored Dynamo entries of the function ``name`` (its pickled name is in its entry's bytes)."""
+    marker = b"\x8c" + bytes([len(name)]) + name + b"\x94"
+    return {data for entries in runs for data in entries.values() if marker in data}
+
+
 def _counters(run: Run) -> dict[str, int]:
     assert run.report is not None, run.result.outlines[-30:]
     return {k: int(v) for k, v in run.report["torch"]["counters"].items()}
@@ -744,18 +750,27 @@ class TestDynamoReuse:
         is stored with both: torch adds the variants a process traces to the entry it installed, and that is no
         reason to leave it out."""
 
-        def copies(runs: list[dict[str, bytes]], name: bytes) -> set[bytes]:
-            marker = b"\x8c" + bytes([len(name)]) + name + b"\x94"  # the function's pickled name, in its entry
-            return {data for entries in runs for data in entries.values() if marker in data}
-
         after_warm = reuse_chain.stored_precompile()
         for name in (b"calls_rebound", b"calls_later"):
-            cold = copies(reuse_chain.after_cold, name)
-            assert len(cold) == 1 and copies(after_warm, name) == cold, name
+            cold = _copies(reuse_chain.after_cold, name)
+            assert len(cold) == 1 and _copies(after_warm, name) == cold, name
         for name in (b"another_compile", b"uses_sin"):
-            [cold], [warm] = copies(reuse_chain.after_cold, name), copies(after_warm, name)
+            [cold], [warm] = _copies(reuse_chain.after_cold, name), _copies(after_warm, name)
             # each stored variant's guards start with the plugin's header
             assert (cold.count(b"megacache-guards-"), warm.count(b"megacache-guards-")) == (1, 2), name
+
+    def test_a_variant_refused_in_its_own_test_is_marked_in_what_that_test_traced(
+            self, reuse_chain: ReuseChain) -> None:
+        """Each stored variant keeps the tag of its test; one traced in place of a variant that a proof refused in
+        that same test is marked so (the test rebinds a module attribute warm): the next run that refuses it there
+        again writes it no more (``dynamo_offers.superseded``). The first refused one stays, for a run where it holds
+        again."""
+        [cold] = _copies(reuse_chain.after_cold, b"uses_sin")
+        [warm] = _copies(reuse_chain.stored_precompile(), b"uses_sin")
+        assert (cold.count(b"megacache-guards-"), warm.count(b"megacache-guards-")) == (1, 2)
+        [tag] = re.findall(rb'"test":"([0-9a-f]{16})"', cold)
+        assert b'"retraced":true' not in cold and warm.count(b'"retraced":true') == 1
+        assert re.findall(rb'"test":"([0-9a-f]{16})"', warm) == [tag, tag]
 
     def test_changed_code_is_traced_again(self, reuse_chain: ReuseChain) -> None:
         """An edited body or method is another entry (a miss); an edited inlined helper or default argument is

@@ -163,7 +163,11 @@ def test_describe_names_what_another_process_can_find_again() -> None:
 def test_guards_travel_with_their_proofs_and_without_them_are_refused() -> None:
     proofs = [{"path": [["global", "math"]], "is": ["module", "math"]}]
     packed = dp.pack_guards(proofs, "a context", b"torch's pickle")
-    assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle")
+    assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle", ("", False))
+    tag = dp.tag_of_test("tests/t.py::test_a[secret]")
+    tagged = dp.pack_guards(proofs, "a context", b"torch's pickle", tag, retraced=True)
+    assert dp.unpack_guards(tagged)[3] == (tag, True) and tag != dp.tag_of_test("tests/t.py::test_b")
+    assert b"secret" not in tagged and dp.guards_digest(tagged) != dp.guards_digest(packed)
     with pytest.raises(dp.Refused):
         dp.unpack_guards(b"torch's pickle")  # what torch stores by itself: no proofs, never used
 
@@ -682,6 +686,22 @@ def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(
         assert state.warned == set()  # torch's caches skip it where the graph is loaded, traced or not
         warnings.warn("shown while Dynamo traces", UserWarning, stacklevel=1)
     assert state.warned == {"3/0"}
+
+
+def test_a_variant_its_own_test_refuses_a_second_time_running_is_not_written_again() -> None:
+    """A frame traced in place of a variant that a proof refused in the test that traced it: what it traces is marked
+    as such; the refused variant is left out of what is written only where it was itself so marked (refused so two
+    runs running: an object described anew every run), never for another test's variant."""
+    from pytest_megacache.dynamo_offers import Offer, superseded
+
+    def offer(test: str, retraced: bool) -> Any:
+        return Offer(None, None, b"", {}, [], "ctx", None, f"{test}-{retraced}", (test, retraced))
+
+    first, again, other, untagged = offer("t1", False), offer("t1", True), offer("t2", True), offer("", True)
+    assert superseded([first], "t1") == (True, set())  # the first time: kept (another run may take it again)
+    assert superseded([first, again, other], "t1") == (True, {again.digest})
+    assert superseded([other, untagged], "t1") == (False, set())  # another test's, or one stored outside a test
+    assert superseded([again], "") == (False, set())  # a frame traced outside a test
 
 
 def test_only_a_variant_refused_for_a_changed_class_is_left_out_of_what_the_process_stores() -> None:
