@@ -122,6 +122,21 @@ def _signature(entry: Any) -> Any:
             entry.system_info, getattr(entry, "fn_name", None), getattr(entry, "fn_first_lineno", None))
 
 
+# torch's name for a resume function (the rest of a frame after a graph break): torch_dynamo_resume_in_<name>_at_<line>
+RESUME_PREFIX = "torch_dynamo_resume_in_"
+
+
+def enterable_codes(codes: list[Any]) -> list[Any]:
+    """The codes of an entry (torch's ``_DynamoCodeCacheEntry`` list, the wrapped function's first) whose variants a
+    later process can take: a resume function is entered only from a stored variant of the function it resumes, so
+    where the wrapped function has none (its frame was refused here), its resume functions' variants are never taken
+    (each run traced them again and stored one more)."""
+    if not codes or codes[0].guarded_codes:
+        return list(codes)
+    return [codes[0], *(code for code in codes[1:]
+                        if not str(getattr(code.python_code, "co_name", "")).startswith(RESUME_PREFIX))]
+
+
 def stored_code(entry: Any) -> Any:
     """The code object a stored code entry (torch's ``_DynamoCodeCacheEntry``) was traced from."""
     from torch._dynamo.package import SerializedCode

@@ -98,24 +98,27 @@ def note_stale(stale: set[str], offer: Offer, refused: Refused) -> None:
         stale.add(offer.digest)
 
 
-def superseded(refused: list[Offer], test: str) -> tuple[bool, set[str]]:
-    """For a frame about to be traced in ``test`` (a tag) after a proof refused the stored variants ``refused``:
-    whether what it traces replaces a variant of that very test (stored so: ``retraced``), and the variants not to
-    write again (digests), those refused so a second time running. A proof that fails in the test that traced the
-    variant fails in every run where the object it names is described anew each time (a decorator instance's scratch
-    state, a registry's order): each such run added a variant never used. The first time, the refused variant is
-    kept: a run with another binding of the moment (a test's ``monkeypatch`` in one job, not in another) may take it
-    again."""
-    own = [offer for offer in refused if test and offer.origin[0] == test]
+def superseded(passed_over: list[Offer], test: str) -> tuple[bool, set[str]]:
+    """For a frame about to be traced in ``test`` (a tag) after the stored variants ``passed_over`` were refused by a
+    proof, failed to load or failed their guards: whether what it traces replaces a variant of that very test (stored so:
+    ``retraced``), and the variants not to write again (digests), those passed over so a second time running. A
+    variant that does not hold in the test that traced it holds in no later run where what it guards on is made anew
+    each time (a decorator instance's scratch state, a registry's order, a function copied by torch's pickle): each
+    such run added a variant never used. The first time, the variant passed over is kept: a run with another binding
+    of the moment (a test's ``monkeypatch`` in one job, not in another) may take it again."""
+    own = [offer for offer in passed_over if test and offer.origin[0] == test]
     return bool(own), {offer.digest for offer in own if offer.origin[1]}
 
 
-def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
-         build: Callable[[Offer], Any]) -> tuple[tuple[Offer, Any] | None, tuple[str, str] | None]:
+def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any], build: Callable[[Offer], Any],
+         passed_over: list[Offer] | None = None) -> tuple[tuple[Offer, Any] | None, tuple[str, str] | None]:
     """The first offer compiled under ``context`` whose proofs hold now and whose guards pass on ``f_locals``, with
     its guards (built by ``build``, which raises :class:`Refused` for a proof that fails); else None and why the
     frame could not take one: a proof that failed, else another compile context; None where the guards of every
-    offer of this context merely fail on these inputs (the frame is a new variant, traced as torch would)."""
+    offer of this context merely fail on these inputs (the frame is a new variant, traced as torch would). The offers
+    of this context that a proof refused, that torch failed to load or whose guards failed are added to
+    ``passed_over``."""
+    passed_over = [] if passed_over is None else passed_over
     refusal: tuple[str, str] | None = None
     this_context = other_context = False
     for offer in offers:
@@ -127,9 +130,11 @@ def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
             manager = build(offer)
         except Refused as exc:
             refusal = (exc.reason, str(exc))
+            passed_over.append(offer)
             continue
         except Exception as exc:  # noqa: BLE001 - torch's own failure to build the guards: the frame is traced
             refusal = ("torch_error", f"{type(exc).__name__}: {exc}")
+            passed_over.append(offer)
             continue
         try:
             holds = bool(manager.check(f_locals))
@@ -139,6 +144,7 @@ def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any],
             offer.prepared.manager = None  # handed to Dynamo: a cache entry owns it now
             return (offer, manager), None
         offer.prepared.manager = manager
+        passed_over.append(offer)
     if refusal is None and other_context and not this_context:
         # only offers of other compiles; where one of this very compile exists, its guards decide, as torch's would
         refusal = ("context_changed", "compiled under another backend, mode or configuration")
@@ -184,7 +190,6 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
                          functools.partial(bind_global, offer.package, offer.scope))
         except Refused as exc:
             note_stale(state.stale, offer, exc)
-            state.refused_now.append(offer)
             raise
         if offer.prepared.manager is not None:
             return offer.prepared.manager
@@ -198,13 +203,13 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         compile_id = args["compile_id"]
         if exceeds is not None and exceeds(args["cache_size"], compile_id)[0]:
             return None  # torch says so, as without the option
-        state.refused_now = []
+        passed_over: list[Offer] = []
         with timed("precompile_build_guards"):
-            found, refusal = take(offers, context, args["locals"], build)
+            found, refusal = take(offers, context, args["locals"], build, passed_over)
         if found is None:
             if refusal is not None:
                 state.refuse(*refusal)  # once per frame traced in place of a stored variant
-            state.retraced, replaced = superseded(state.refused_now, state.test)
+            state.retraced, replaced = superseded(passed_over, state.test)
             state.superseded.update(replaced)  # not written again, unless taken elsewhere in this process
             return None
         offer, manager = found

@@ -53,7 +53,7 @@ from . import dynamo_repairs as repairs
 from .dynamo_backends import backends_recorded_once, eager_graphs_stored, wrapped_after_backend
 from .dynamo_context import innermost_backend
 from .dynamo_effects import code_key, failed_load_contained, watch_warnings
-from .dynamo_merge import entry_signature, packages_merged, stored_code
+from .dynamo_merge import enterable_codes, entry_signature, packages_merged, stored_code
 from .dynamo_offers import Offer, Offers, offer_where_traced
 from .dynamo_proofs import (
     Refused,
@@ -125,12 +125,11 @@ class _Reuse:
         self.install_deferred: Any = lambda code: None
         self.used: dict[str, None] = {}  # the keys of the stored entries installed in this process, in order
         self.test = ""  # the tag of the test running (dynamo_proofs.tag_of_test), stored with what it traces
-        # Stored variants (digests) taken in this process; and those refused so a second time running (see
-        # dynamo_offers.superseded): a variant refused so and never taken is not written again.
+        # Stored variants (digests) taken in this process; and those passed over in their own test a second time
+        # running (dynamo_offers.superseded): such a variant, never taken here, is not written again.
         self.taken: set[str] = set()
         self.superseded: set[str] = set()
-        self.refused_now: list[Any] = []  # the offers a proof refused while the frame being compiled was offered
-        self.retraced = False  # the frame being traced replaces a variant its own test refused (dynamo_offers)
+        self.retraced = False  # the frame being traced replaces a variant of its own test (dynamo_offers.superseded)
 
     def count(self, name: str, n: int = 1) -> None:
         try:
@@ -497,7 +496,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             codes = entry.dynamo.codes
             if state.side_effects and any(code_key(code.python_code) in state.side_effects for code in codes):
                 return
-            if not any(code.guarded_codes for code in codes):
+            if not any(code.guarded_codes for code in enterable_codes(codes)):
                 return  # no variant a later process could take (every one refused here): its backends alone
             stored = state.loaded_as.get(os.path.basename(path))
             if stored is not None and entry_signature(entry.dynamo) == stored:

@@ -688,11 +688,11 @@ def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(
     assert state.warned == {"3/0"}
 
 
-def test_a_variant_its_own_test_refuses_a_second_time_running_is_not_written_again() -> None:
-    """A frame traced in place of a variant that a proof refused in the test that traced it: what it traces is marked
-    as such; the refused variant is left out of what is written only where it was itself so marked (refused so two
-    runs running: an object described anew every run), never for another test's variant."""
-    from pytest_megacache.dynamo_offers import Offer, superseded
+def test_a_variant_its_own_test_passes_over_a_second_time_running_is_not_written_again() -> None:
+    """A frame traced in place of a variant of its own test (a proof refused it, or its guards failed): what it
+    traces is marked as such; the variant passed over is left out of what is written only where it was itself so
+    marked (passed over two runs running: what it guards on is made anew every run), never another test's."""
+    from pytest_megacache.dynamo_offers import Offer, superseded, take
 
     def offer(test: str, retraced: bool) -> Any:
         return Offer(None, None, b"", {}, [], "ctx", None, f"{test}-{retraced}", (test, retraced))
@@ -702,6 +702,37 @@ def test_a_variant_its_own_test_refuses_a_second_time_running_is_not_written_aga
     assert superseded([first, again, other], "t1") == (True, {again.digest})
     assert superseded([other, untagged], "t1") == (False, set())  # another test's, or one stored outside a test
     assert superseded([again], "") == (False, set())  # a frame traced outside a test
+    calls: list[str] = []
+
+    def build(o: Any) -> Any:
+        calls.append(o.digest)
+        if o is other:
+            raise dp.Refused("local_changed", "another object")
+        if o is untagged:
+            raise AttributeError("torch's load of its guards failed")
+        return types.SimpleNamespace(check=lambda f_locals: False)  # guards that fail on these inputs
+
+    passed_over: list[Any] = []
+    assert take([first, again, other, offer("t1", False)], "other context", {}, build, passed_over) == (
+        None, ("context_changed", "compiled under another backend, mode or configuration"))
+    assert calls == [] and passed_over == []  # another compile's variants are not passed over: never tried
+    assert take([first, again, other, untagged], "ctx", {}, build, passed_over)[0] is None
+    assert passed_over == [first, again, other, untagged]  # guards that failed, a proof that refused, a failed load
+
+
+def test_resume_functions_count_only_where_the_function_they_resume_has_a_variant() -> None:
+    """A resume function is entered only from a stored variant of the function it resumes: where that one has none,
+    an entry holding only its resume functions' variants is not worth writing (each run traced them again)."""
+    from pytest_megacache.dynamo_merge import enterable_codes
+
+    def code(name: str, variants: int) -> Any:
+        return types.SimpleNamespace(python_code=types.SimpleNamespace(co_name=name), guarded_codes=[0] * variants)
+
+    main, resume, called = code("func", 0), code("torch_dynamo_resume_in_func_at_12", 3), code("helper", 1)
+    assert enterable_codes([main, resume]) == [main]
+    assert enterable_codes([main, resume, called]) == [main, called]  # a function of its own: taken where called
+    traced = code("func", 1)
+    assert enterable_codes([traced, resume]) == [traced, resume] and enterable_codes([]) == []
 
 
 def test_only_a_variant_refused_for_a_changed_class_is_left_out_of_what_the_process_stores() -> None:
