@@ -19,8 +19,9 @@ def packages_merged(state: Any, cache: Any) -> None:
     """torch's ``record_package`` on ``cache`` (its DynamoCache) merges each package with those recorded before
     under its key (``state.recorded``) and with the stored entry installed under it (``state.loaded``), less the
     variants refused in this process for a reason any later process would give too (``state.stale``) and those
-    refused in the very test that traced them, whose frame was traced again, and never taken here
-    (``state.superseded``); a failure keeps the last package alone, as torch does, and is counted."""
+    passed over in their own test a second run running and never taken here (``state.superseded``, see
+    :func:`pytest_megacache.dynamo_offers.superseded`); a failure keeps the last package alone, as torch does, and is
+    counted."""
     record = getattr(cache, "record_package", None)
     try:
         from torch._dynamo.precompile_context import PrecompileContext
@@ -75,8 +76,8 @@ def _merged(entries: list[Any]) -> Any:
 
 def _without(entry: Any, stale: set[str]) -> Any:
     """The entry without the variants whose stored guards (by digest) are in ``stale``: they would be refused again
-    (:data:`pytest_megacache.dynamo_offers.PERSISTENT_REFUSALS`, or a variant its own test refused and traced
-    again); a later trace stores what holds then."""
+    (:data:`pytest_megacache.dynamo_offers.PERSISTENT_REFUSALS`, or a variant its own test passed over a second run
+    running); a later trace stores what holds then."""
     if not stale:
         return entry
     codes = [dataclasses.replace(code, guarded_codes=[

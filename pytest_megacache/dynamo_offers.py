@@ -56,7 +56,7 @@ class Offer:
                  origin: tuple[str, bool] = ("", False)) -> None:
         self.code, self.dynamo_code, self.stored, self.scope = code, dynamo_code, stored, scope
         self.proofs, self.context, self.package = proofs, context, package
-        self.origin = origin  # the tag of the test it was traced in, and whether it replaced a variant refused there
+        self.origin = origin  # the tag of the test it was traced in, and whether it replaced one passed over there
         self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state): the variant
         self.failed: Exception | None = None  # why torch could not load it (not tried again)
         self.prepared = Prepared(code, scope)

@@ -110,8 +110,8 @@ def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes,
                 retraced: bool = False) -> bytes:
     """torch's guard state with the proofs of its identity guards, the digest of the context it was compiled in
     (:func:`pytest_megacache.dynamo_context.compile_context`), the tag of the test it was traced in
-    (:func:`tag_of_test`; empty outside a test) and whether it was traced in place of a stored variant that a proof
-    refused in that test (``retraced``)."""
+    (:func:`tag_of_test`; empty outside a test) and whether it was traced in place of a stored variant of that test that
+    was passed over (``retraced``: :func:`pytest_megacache.dynamo_offers.superseded`)."""
     fields: dict[str, Any] = {"proofs": proofs, "context": context, **({"test": test} if test else {}),
                               **({"retraced": True} if retraced else {})}
     header = json.dumps(fields, separators=(",", ":")).encode()
@@ -132,7 +132,7 @@ def tag_of_test(nodeid: str) -> str:
 
 def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes, tuple[str, bool]]:
     """The proofs, the compile context, torch's guard state and where the variant was traced: the tag of its test
-    ("" where none was recorded) and whether it was traced in place of a variant a proof refused in that test;
+    ("" where none was recorded) and whether it was traced in place of a variant of that test passed over there;
     raises :class:`Refused` for guards stored without proofs."""
     if not isinstance(data, (bytes, bytearray)) or not bytes(data[:len(_MAGIC)]) == _MAGIC:
         raise Refused("unsupported_guard", "guards stored without the plugin's proofs")

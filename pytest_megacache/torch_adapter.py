@@ -196,14 +196,10 @@ class TorchAdapter:
     def begin_test(self, nodeid: str) -> None:
         self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen_set()),
                       len(self._installed()))
-        set_test = getattr(sys.modules.get("pytest_megacache.dynamo_reuse"), "set_test", None)
-        if set_test is not None:
-            set_test(nodeid)  # what a test traces keeps its tag (Dynamo reuse)
+        dynamo_reuse.set_test(nodeid)  # what a test traces keeps its tag (no-op without Dynamo reuse)
 
     def end_test(self) -> None:
-        set_test = getattr(sys.modules.get("pytest_megacache.dynamo_reuse"), "set_test", None)
-        if set_test is not None:
-            set_test(None)
+        dynamo_reuse.set_test(None)
         if self._test is None:
             return
         nodeid, seconds, compiles, counters, seen, installed = self._test
@@ -239,11 +235,7 @@ class TorchAdapter:
     @staticmethod
     def _installed() -> list[str]:
         """The keys of the stored Dynamo entries installed in this process so far (none without Dynamo reuse)."""
-        used = getattr(sys.modules.get("pytest_megacache.dynamo_reuse"), "used_entries", None)
-        try:
-            return list(used()) if used is not None else []
-        except Exception:  # noqa: BLE001 - attribution is best effort
-            return []
+        return dynamo_reuse.used_entries()
 
     @classmethod
     def _seen(cls) -> list[tuple[str, str]]:
