@@ -1,7 +1,7 @@
 """Build hooks only (the metadata is in pyproject.toml): install ``pytest_megacache_children.pth`` into site-packages.
 
 That file lets child processes of a test session report their own torch cache counters and wait for its restore
-(``pytest_megacache/childstart.py``; inert unless the plugin sets ``MEGACACHE_CHILD_SPOOL``). A ``.pth`` file only
+(``pytest_megacache/children/__init__.py``; inert unless the plugin sets ``MEGACACHE_CHILD_SPOOL``). A ``.pth`` file only
 runs from a site-packages directory itself, not from inside a package, so it goes to the root of the wheel:
 
 * a regular wheel (``pip install .``, sdist builds, tox): ``build_py`` copies it to the root of ``build_lib``,

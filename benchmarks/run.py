@@ -24,7 +24,7 @@ from megabench.runner import Runner, clean_env, plugin_args
 from megabench.tables import apart_lines, phase_lines, phase_rows, workload_tables
 from megabench.workloads import Workload, make_children, make_mixed, make_ranks, synthetic_source
 
-from pytest_megacache.stats import PHASES  # the plugin's phases, from this checkout
+from pytest_megacache.report.stats import PHASES  # the plugin's phases, from this checkout
 
 __all__ = ["PHASES", "PHASE_COLORS", "ROOT", "Run", "Runner", "Workload", "apart_lines", "bench_workload", "clean_env",
            "env_label", "failure_reason", "fill_from_report", "main", "make_children", "make_mixed", "make_ranks",

@@ -162,7 +162,7 @@ def test_dynamo_reuse_is_used_where_checked_and_refused_with_one_warning_elsewhe
     """--megacache-precompile: on a release its checks were written for, the warm session takes frames the cold one
     stored instead of tracing them; elsewhere the option is ignored with one warning. The outcomes are the plugin-off
     session's either way."""
-    from pytest_megacache import dynamo_reuse
+    from pytest_megacache import dynamo as dynamo_reuse
 
     plain, cold, warm = matrix.plain(), matrix.reuse_cold(), matrix.reuse_warm()
     for session in (cold, warm):

@@ -1,6 +1,6 @@
 """pytest-megacache: persist torch.compile caches across CI runs.
 
-Importing the package imports nothing else: child processes of a session import :mod:`.childstart` at their start
+Importing the package imports nothing else: child processes of a session import :mod:`.children` at their start
 (the package's ``.pth`` line), which runs this first. The exception types come from :mod:`.errors` when first used.
 """
 

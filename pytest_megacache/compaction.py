@@ -16,14 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import bundle as bundlemod
-from .bundle import Entries, Limits
-from .deadline import Deadline, bounded, bounded_map
-from .entries import NEWEST_WINS
+from .bundle import NEWEST_WINS, Entries, Limits
 from .errors import StoreError
 from .layout import valid_object_name
 from .report import UploadStats
 from .scratch import Scratch, unlink
-from .stores import Store
+from .stores import Deadline, Store, bounded, bounded_map
 
 # Objects fetched at once.
 FETCH_WORKERS = 8

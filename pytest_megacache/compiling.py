@@ -1,7 +1,7 @@
 """The roles that run tests in this process: :class:`Compiling` (torch's compile callbacks, the restore started when
 torch is imported, the load on the first compile, per-test accounting) and :class:`Solo`, a plain session (also
 ``-n 0``) that restores, loads on the first compile and uploads. An xdist worker is a :class:`Compiling` too
-(:mod:`pytest_megacache.xdist_roles`).
+(:mod:`pytest_megacache.xdist`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import dynamo_reuse, isaprobe
+from . import dynamo, isaprobe
 from .context import Context
+from .report import TritonWatch, triton_figures
 from .roles import Role
 from .torch_adapter import PostImportHook, TorchAdapter
-from .tritonstats import TritonWatch, figures
 
 if TYPE_CHECKING:
     from .core import CacheSession
@@ -43,7 +43,7 @@ class Compiling(Role):
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         # The restore starts in the background when this process imports torch, or when a child process of the
         # tests (torchrun, mp.spawn, subprocess) imports torch, whichever comes first: that child waits until the
-        # restore has written its files and the cache directories are snapshotted (childhook), so that it hits what
+        # restore has written its files and the cache directories are snapshotted (children.hook), so that it hits what
         # was restored and what it compiles is carried. A session in which nothing imports torch pays nothing.
         # Strict runs restore up front (and wait for it, within its budget) so a problem stops the session before
         # any test runs.
@@ -64,7 +64,7 @@ class Compiling(Role):
             # before any compile starts: with --megacache-precompile the restore is loaded where it first does so
             # (it runs beside collection until then, as without the option), or here where reuse is not installed.
             self.start_cache()
-            if not dynamo_reuse.before_first_load(self._on_first_compile):
+            if not dynamo.before_first_load(self._on_first_compile):
                 self._on_first_compile()
 
     def _isa_not_armed(self, why: str) -> None:
@@ -80,8 +80,8 @@ class Compiling(Role):
 
     def signal_children(self) -> None:
         """Child processes started from now on ask for the restore when they import torch and wait until it has
-        settled (childhook.RestoreSignal, in the spool: this session's own, or an xdist worker's controller's)."""
-        from .childhook import SPOOL_ENV, RestoreSignal
+        settled (children.RestoreSignal, in the spool: this session's own, or an xdist worker's controller's)."""
+        from .children import SPOOL_ENV, RestoreSignal
 
         spool = self.spool.path if self.spool is not None else os.environ.get(SPOOL_ENV)
         if not (self.settings.files and self.settings.reads and spool and os.path.isdir(spool)):
@@ -106,7 +106,7 @@ class Compiling(Role):
             if self.session is not None and self.session.roots and "torch" in sys.modules:
                 # Compiles outside our callbacks need the restored files in place: user @triton.jit kernels (at
                 # first launch) in a process that has imported torch. Paid once: later waits return at once.
-                # (Child processes wait by themselves when they import torch: childhook.)
+                # (Child processes wait by themselves when they import torch: children.)
                 self.session.wait_restore()
             self.adapter.ensure_registered()
             self.adapter.begin_test(item.nodeid)
@@ -136,7 +136,7 @@ class Compiling(Role):
     def account_triton(self, cs: CacheSession) -> None:
         """This process's Triton figures into the session's torch figures (after ``cs.account``)."""
         with self.contained("counting Triton's kernels"):
-            cs.torch_stats.triton = figures(self.triton, cs)
+            cs.torch_stats.triton = triton_figures(self.triton, cs)
 
 
 class Solo(Compiling):

@@ -17,13 +17,12 @@ from typing import Any
 from . import bundle as bundlemod
 from .bundle import Entries, Entry, Limits
 from .compaction import PART_FIELD, STALE_GROUP_SECONDS, Held, units
-from .deadline import Deadline, bounded
 from .errors import BundleError, StoreError, redact_cut
 from .files import FileRoot, torch_cache_ident
 from .report import LoadStats, RestoreStats, TorchStats, UploadStats
 from .restore import RESTORE_GRACE, Diagnosis, Restore, nearest_fingerprint, producer_selections
 from .scratch import Scratch
-from .stores import ObjectInfo, Store
+from .stores import Deadline, ObjectInfo, Store, bounded
 from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
 from .upload import Upload, artifact_ident, plural_entries, restored_cold_seconds
 

@@ -10,7 +10,7 @@ blocking on a FIFO, never reading past the cap (a file that grows while it is re
 read raises :class:`Refused` (an ``OSError``) with a short fixed reason that holds nothing of the file's content.
 
 Imports ``os``, ``stat`` and ``errno`` only (loaded at every interpreter start): the child processes' exit hook
-(:mod:`.childhook`) writes its record with it.
+(:mod:`.children.hook`) writes its record with it.
 """
 
 from __future__ import annotations

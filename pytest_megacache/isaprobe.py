@@ -26,7 +26,7 @@ Child processes of a session (``subprocess``, ``multiprocessing`` spawn, torchru
 compiles) run the same check. :func:`arm` names, in :data:`CHILD_ENV`, a digest of what decides the check and its
 answer in the session's process (:func:`decision_digest`: the ISA torch picks, the CPU's code-generation flags, the
 C++ compiler and the build and loader variables, the compiler settings, the interpreter). A child inherits it;
-at its first ``import torch`` (:mod:`.childstart`) it puts the same proxy into torch's ``cpu_vec_isa`` with a gate
+at its first ``import torch`` (:mod:`.children`) it puts the same proxy into torch's ``cpu_vec_isa`` with a gate
 (:func:`arm_child`): at the child's first check the child computes the digest from its own environment, and only
 an equal digest lets it take a record; any other child runs torch's check as before and writes no record (its
 checks are still counted, for its record in the session's report). The record itself is checked in the child as in
@@ -354,7 +354,7 @@ def arm(on_problem: Callable[[str], None]) -> Any:
 
 def _when_imported(after: Any) -> Any:
     """Runs ``after`` on torch's vector-ISA module now if it is imported, else once it is (the hook, to remove)."""
-    from .importhook import PostImportHook
+    from .children import PostImportHook
 
     if MODULE in sys.modules:
         after(sys.modules[MODULE])
@@ -427,7 +427,7 @@ def _withdraw_from_children() -> None:
 
 
 def arm_child(offered: str) -> Any:
-    """In a child process at its first ``import torch`` (:mod:`.childstart`): put the proxy into torch's
+    """In a child process at its first ``import torch`` (:mod:`.children`): put the proxy into torch's
     ``cpu_vec_isa`` once it is imported, gated on :func:`decision_digest` of this process's environment at its
     first check being ``offered`` (the session's). Returns the import hook (or None); never raises."""
     try:

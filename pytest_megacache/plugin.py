@@ -9,8 +9,8 @@ controller and a ``WorkerInteractor`` only on a worker:
 - :class:`Off`: the plugin is off or inactive; it says why.
 
 The role objects live in :mod:`pytest_megacache.roles` (their base, ``Off``), :mod:`pytest_megacache.compiling`
-(``Solo``) and :mod:`pytest_megacache.xdist_roles` (``Controller``, ``Worker``). Each delegates the cache flow to
-:mod:`pytest_megacache.core` (restore, load, collect, upload) and :mod:`pytest_megacache.xdist` (stage, hand over,
+(``Solo``) and :mod:`pytest_megacache.xdist` (``Controller``, ``Worker``). Each delegates the cache flow to
+:mod:`pytest_megacache.core` (restore, load, collect, upload) and :mod:`pytest_megacache.xdist.staging` (stage, hand over,
 take over); what crosses between processes is plain data (``workerinput`` / ``workeroutput``). The cache machinery
 (core, bundle, stores: zstandard, boto3) is imported only once a session imports torch: a session that never does
 pays for settings and a fingerprint, nothing more.
@@ -29,7 +29,7 @@ from .context import Invocation, activate
 from .errors import MegacacheWarning
 from .roles import Off, Role
 from .settings import OPTIONS, SettingsError, resolve
-from .xdist_roles import Controller, Worker
+from .xdist import Controller, Worker
 
 PLUGIN_NAME = "megacache-session"
 role_key = pytest.StashKey[Role]()

@@ -22,13 +22,12 @@ from . import bundle as bundlemod
 from . import envpolicy
 from .bundle import Entries, Limits
 from .compaction import FETCH_WORKERS, Held
-from .deadline import Deadline, bounded, bounded_map
 from .errors import BundleError, LocalDiskError, StoreError, redact, redact_cut
 from .files import FileRoot
 from .layout import Layout
 from .report import RestoreStats
 from .scratch import Scratch, local_fault, unlink
-from .stores import ObjectInfo, Store
+from .stores import Deadline, ObjectInfo, Store, bounded, bounded_map
 
 # Listings of the read folders a restore makes when an object it listed was gone when fetched (a compaction
 # deleted it, having stored what it held in a newer object): the first and at most two more.
@@ -209,11 +208,11 @@ class Restore:
         """For an xdist controller: what was restored, staged for the workers before anyone may use it."""
         if self.owner.stage_dir is None:
             return
-        from . import xdist
+        from .xdist import stage
 
         try:
-            xdist.stage(self.owner.stage_dir, self.restored, self.owner.fingerprint, self.stats.ok,
-                        sorted(producer_selections(self.headers)))
+            stage(self.owner.stage_dir, self.restored, self.owner.fingerprint, self.stats.ok,
+                  sorted(producer_selections(self.headers)))
         except Exception as exc:  # noqa: BLE001
             self.owner.problem(f"staging the restore for the xdist workers: {type(exc).__name__}: {redact_cut(str(exc))}")
 

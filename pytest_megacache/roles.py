@@ -6,7 +6,7 @@ object per session; each role is a pytest plugin whose methods are the session's
 - :class:`Off`: the plugin is off or inactive; it says why.
 
 The roles that run tests are in :mod:`pytest_megacache.compiling`, pytest-xdist's in
-:mod:`pytest_megacache.xdist_roles`. The cache machinery (core, stores, childhook) is imported only inside the
+:mod:`pytest_megacache.xdist`. The cache machinery (core, stores, children.hook) is imported only inside the
 methods that use it, once a session imports torch.
 """
 
@@ -29,7 +29,7 @@ from .report import ProcessTimes, SessionReport, XdistStats, process_age
 from .torch_adapter import TorchAdapter
 
 if TYPE_CHECKING:
-    from .childhook import RestoreSignal, Spool
+    from .children import RestoreSignal, Spool
     from .core import CacheSession
 
 
@@ -57,7 +57,7 @@ class Role:
         self.spool: Spool | None = None  # where the processes this session starts write their counters
         self.restore_signal: RestoreSignal | None = None  # tells those processes when the restore has settled
         if ctx.active:
-            from .childhook import disarm
+            from .children import disarm
 
             disarm()  # this process reports itself; only the processes it starts write records
 
@@ -241,8 +241,8 @@ class Role:
 
     def open_spool(self) -> None:
         """For the role that reports (a plain session, an xdist controller): child processes of the tests, and
-        of xdist workers, write their own torch counters here (``childhook``; the variable is inherited)."""
-        from .childhook import Spool
+        of xdist workers, write their own torch counters here (``children.hook``; the variable is inherited)."""
+        from .children import Spool
 
         with self.contained("preparing the spool for child processes"):
             self.spool = Spool()

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from . import dynamo_reuse, torchfmt
+from . import dynamo, torchfmt
+from .children import PostImportHook as PostImportHook  # re-exported: the roles and report.triton import it here
 from .errors import BundleError, redact_cut
-from .importhook import PostImportHook as PostImportHook  # re-exported: the roles and tritonstats import it here
 
 COUNTER_NAMES = {
     "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),
@@ -29,8 +29,8 @@ COUNTER_NAMES = {
     "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass", "autograd_cache_guard_miss",
                      "autograd_cache_saved"),
     "dynamo_cache": ("dynamo_cache_hit", "dynamo_cache_miss"),
-    # --megacache-precompile: Dynamo's work reused, traced, stored and refused per frame (dynamo_reuse)
-    "dynamo_reuse": dynamo_reuse.COUNTERS,
+    # --megacache-precompile: Dynamo's work reused, traced, stored and refused per frame (dynamo)
+    "dynamo_reuse": dynamo.COUNTERS,
 }
 # Counters that mean "this test compiled something the cache did not have", and their hit twins.
 MISS_COUNTERS = ("fxgraph_cache_miss", "autograd_cache_miss")
@@ -196,10 +196,10 @@ class TorchAdapter:
     def begin_test(self, nodeid: str) -> None:
         self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen_set()),
                       len(self._installed()))
-        dynamo_reuse.set_test(nodeid)  # what a test traces keeps its tag (no-op without Dynamo reuse)
+        dynamo.set_test(nodeid)  # what a test traces keeps its tag (no-op without Dynamo reuse)
 
     def end_test(self) -> None:
-        dynamo_reuse.set_test(None)
+        dynamo.set_test(None)
         if self._test is None:
             return
         nodeid, seconds, compiles, counters, seen, installed = self._test
@@ -235,7 +235,7 @@ class TorchAdapter:
     @staticmethod
     def _installed() -> list[str]:
         """The keys of the stored Dynamo entries installed in this process so far (none without Dynamo reuse)."""
-        return dynamo_reuse.used_entries()
+        return dynamo.used_entries()
 
     @classmethod
     def _seen(cls) -> list[tuple[str, str]]:
@@ -280,9 +280,9 @@ class TorchAdapter:
 
     @staticmethod
     def enable_precompile(rootdir: str) -> str | None:
-        """Turn on Dynamo reuse (torch's caching precompile behind :mod:`dynamo_reuse`'s checks); None when done,
+        """Turn on Dynamo reuse (torch's caching precompile behind :mod:`.dynamo`'s checks); None when done,
         else why not."""
-        return dynamo_reuse.install(rootdir)
+        return dynamo.install(rootdir)
 
     @staticmethod
     def enable_eager_backward() -> str | None:

@@ -11,14 +11,12 @@ from typing import Protocol
 
 from . import bundle as bundlemod
 from . import envpolicy
-from .bundle import Entries, Entry, Limits
+from .bundle import PRECOMPILE_KIND, Entries, Entry, Limits
 from .compaction import PART_FIELD, Compaction, Held
-from .deadline import Deadline, bounded
-from .entries import PRECOMPILE_KIND
 from .errors import BundleError, LocalDiskError, StoreError, redact_cut
 from .report import TorchStats, UploadStats, human_bytes
 from .scratch import Scratch, unlink
-from .stores import ObjectInfo, Store, new_object_name
+from .stores import Deadline, ObjectInfo, Store, bounded, new_object_name
 from .torch_adapter import MISS_COUNTERS, counter_sum
 
 # The reasons Dynamo reuse refuses a stored entry when it loads it (counted as ``dynamo_refused_<reason>``).
@@ -297,7 +295,7 @@ class Upload:
                               ) -> Entries:
         """One profile per key from the copies xdist workers handed over (each grew the restored one with
         its own frames): merged as torch merges them, or nothing when they add nothing to the restored one."""
-        from .pgo import MERGE_TIMEOUT, ProfileMergeError, merge_profiles
+        from .bundle import MERGE_TIMEOUT, ProfileMergeError, merge_profiles
 
         merge = merge or merge_profiles
         out = Entries()

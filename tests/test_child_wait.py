@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_megacache import childhook
-from pytest_megacache.childhook import READY_ENV, SPOOL_ENV, WAIT_ENV, WANTED_SUFFIX, RestoreSignal
+from pytest_megacache.children import hook as childhook
+from pytest_megacache.children.hook import READY_ENV, SPOOL_ENV, WAIT_ENV, WANTED_SUFFIX, RestoreSignal
 
 CHILD = "import time; t = time.time(); import {module}; print(round(time.time() - t, 3))"
 

@@ -29,9 +29,11 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import childhook, childstart, isaprobe
-from pytest_megacache.childhook import MAX_FILES, MAX_RECORD_BYTES, SPOOL_ENV, ChildRecord, read_spool
-from pytest_megacache.childstart import PTH_LINE
+from pytest_megacache import children as childstart
+from pytest_megacache import isaprobe
+from pytest_megacache.children import PTH_LINE
+from pytest_megacache.children import hook as childhook
+from pytest_megacache.children.hook import MAX_FILES, MAX_RECORD_BYTES, SPOOL_ENV, ChildRecord, read_spool
 from pytest_megacache.torch_adapter import COUNTER_NAMES
 
 from .conftest import removed_unless_failed
@@ -169,9 +171,9 @@ def test_inert_without_the_variable(kid: Any) -> None:
     assert absent.proc.returncode == present.proc.returncode == 0, absent.proc.stderr + present.proc.stderr
     assert absent.proc.stderr == present.proc.stderr == ""
     assert absent.facts["imported"] == []
-    assert present.facts["imported"] == ["pytest_megacache", "pytest_megacache.childstart"]
+    assert present.facts["imported"] == ["pytest_megacache", "pytest_megacache.children"]
     assert set(present.facts["modules"]) - set(absent.facts["modules"]) == {
-        "pytest_megacache", "pytest_megacache.childstart"}
+        "pytest_megacache", "pytest_megacache.children"}
     assert present.facts["handlers"] == absent.facts["handlers"] + 1
 
 
@@ -189,7 +191,7 @@ def test_the_line_is_silent_when_the_package_cannot_be_imported(kid: Any, tmp_pa
 def test_the_line_runs_start_from_the_installed_package(kid: Any) -> None:
     k = kid("""
         import os, sys
-        import pytest_megacache.childstart as c
+        import pytest_megacache.children as c
         from kidlib import report
         report(os.environ["FACTS"], started=c._started, file=c.__file__)
     """)
@@ -461,8 +463,8 @@ def test_disarm_writes_nothing(kid: Any) -> None:
         from kidlib import fake_torch
         fake_torch()
         if sys.argv[1:] == ["disarm"]:
-            import pytest_megacache.childhook
-            pytest_megacache.childhook.disarm()
+            import pytest_megacache.children.hook
+            pytest_megacache.children.hook.disarm()
     """
     armed = kid(code)
     assert len(armed.files()) == 1
@@ -475,7 +477,7 @@ def test_disarm_writes_nothing(kid: Any) -> None:
 def test_bootstrap_arms_a_process_once(kid: Any) -> None:
     """bootstrap() arms an interpreter that skipped the .pth (python -S); with the .pth armed too, one record."""
     code = """
-        import pytest_megacache.childhook as c
+        import pytest_megacache.children.hook as c
         from kidlib import fake_torch
         fake_torch()
         c.bootstrap()
@@ -486,7 +488,7 @@ def test_bootstrap_arms_a_process_once(kid: Any) -> None:
     assert len(both.records()) == 1
     for path in both.spool.iterdir():
         path.unlink()
-    package_root = str(Path(childhook.__file__).resolve().parent.parent)
+    package_root = str(Path(childhook.__file__).resolve().parents[2])
     no_site = kid(f"import sys; sys.path.insert(0, {package_root!r})\n" + textwrap.dedent(code),
                   interpreter=(sys.executable, "-S"))
     assert no_site.proc.returncode == 0, no_site.proc.stderr
@@ -632,11 +634,11 @@ def test_a_failing_hook_changes_neither_exit_status_nor_stderr(
 
 def test_a_failing_hook_armed_by_bootstrap_is_silent_too(kid: Any) -> None:
     """Without the .pth line's own guard around it (python -S), exit_handler alone keeps a SystemExit in."""
-    package_root = str(Path(childhook.__file__).resolve().parent.parent)
+    package_root = str(Path(childhook.__file__).resolve().parents[2])
     k = kid(f"""
         import sys
         sys.path.insert(0, {package_root!r})
-        import pytest_megacache.childhook as c
+        import pytest_megacache.children.hook as c
         from kidlib import fake_torch
         class Evil(dict):
             def get(self, *args):
@@ -682,7 +684,7 @@ def test_the_hook_imports_no_torch_pytest_or_boto3(kid: Any) -> None:
                         fh.write(name + "\\n")
                 return None
         sys.meta_path.insert(0, Tripwire())
-        import pytest_megacache.childhook as c
+        import pytest_megacache.children.hook as c
         from kidlib import fake_torch, report
         fake_torch()
         assert c.collect() is not None
@@ -988,7 +990,7 @@ def test_a_real_child_that_loaded_torch_dynamo_but_compiled_nothing_writes_nothi
 
 # --- the session's side: the spool the plugin opens, reads and removes ------------------------------------------
 def test_a_spool_sets_the_variable_and_puts_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_megacache.childhook import Spool
+    from pytest_megacache.children.hook import Spool
 
     monkeypatch.setenv(SPOOL_ENV, "/outer/session/spool")
     spool = Spool()

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import bundle, cli, commands, storeobjects, storeopts, transfer
+from pytest_megacache import bundle, cli
 from pytest_megacache.bundle import Entries, Entry
+from pytest_megacache.cli import commands, storeobjects, storeopts, transfer
+from pytest_megacache.cli.storeobjects import ObjectFilter, StoredObject
 from pytest_megacache.fingerprint import TorchUnavailable
 from pytest_megacache.report import human_bytes
-from pytest_megacache.storeobjects import ObjectFilter, StoredObject
 from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store
 
 from .conftest import S3Server, free_port
@@ -179,14 +180,14 @@ def test_help_is_plain_text_with_a_description(capsys: pytest.CaptureFixture[str
 
 
 def test_the_commands_and_the_doctor_import_no_circle() -> None:
-    """doctor takes the store options from storeopts, not from cli: importing it alone loads no cli and none of the
-    other commands' modules. Each command module imports on its own, first in a fresh interpreter."""
-    code = ("import sys; import pytest_megacache.doctor, pytest_megacache.storeopts; "
-            "print([m for m in ('cli', 'commands', 'transfer', 'storeobjects') if f'pytest_megacache.{m}' in sys.modules])")
+    """Each module of the command line imports on its own, first in a fresh interpreter (a circle among them fails
+    the one that comes first), and the plugin loads none of them."""
+    for module in ("cli.doctor", "cli.storeopts", "cli.storeobjects", "cli.commands", "cli.transfer", "cli"):
+        subprocess.run([sys.executable, "-c", f"import pytest_megacache.{module}"], check=True)
+    code = ("import sys; import pytest_megacache.plugin; "
+            "print(sorted(m for m in sys.modules if m.startswith('pytest_megacache.cli')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    for module in ("storeobjects", "commands", "transfer", "cli"):
-        subprocess.run([sys.executable, "-c", f"import pytest_megacache.{module}"], check=True)
 
 
 def test_store_options_fall_back_to_the_environment(capsys: pytest.CaptureFixture[str], tmp_path: Path,

@@ -420,7 +420,7 @@ def test_a_merge_that_adds_nothing_uploads_nothing(tmp_path: Path) -> None:
 
 
 def test_a_failed_merge_warns_and_keeps_the_newest_copy(tmp_path: Path) -> None:
-    from pytest_megacache.pgo import ProfileMergeError
+    from pytest_megacache.bundle.pgo import ProfileMergeError
 
     def merge(*a: Any) -> bytes:
         raise ProfileMergeError("no torch here")
@@ -433,7 +433,7 @@ def test_a_failed_merge_warns_and_keeps_the_newest_copy(tmp_path: Path) -> None:
 
 
 def test_profile_merge_errors_are_bounded_and_named(tmp_path: Path) -> None:
-    from pytest_megacache.pgo import ProfileMergeError, merge_profiles
+    from pytest_megacache.bundle.pgo import ProfileMergeError, merge_profiles
 
     with pytest.raises(ProfileMergeError, match="could not start"):
         merge_profiles(None, [b"x"], python=str(tmp_path / "no-python"))

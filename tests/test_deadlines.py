@@ -14,11 +14,11 @@ import pytest
 from pytest_megacache import bundle as bundlemod
 from pytest_megacache.bundle import Entries, Entry, Limits
 from pytest_megacache.core import CacheSession
-from pytest_megacache.deadline import Deadline, bounded, bounded_map
 from pytest_megacache.errors import StoreError
 from pytest_megacache.restore import Restore
 from pytest_megacache.settings import Settings
 from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store, from_settings
+from pytest_megacache.stores.deadline import Deadline, bounded, bounded_map
 
 from .test_core import FOLDER, FP, KEY_A, KEY_B, FakeTorch, run, session, stored_keys
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import bundle, cli, doctor
+from pytest_megacache import bundle, cli
 from pytest_megacache.bundle import Entries, Entry
+from pytest_megacache.cli import doctor
 from pytest_megacache.errors import StoreError
 from pytest_megacache.fingerprint import Fingerprint, TorchUnavailable, compute
 from pytest_megacache.report import human_bytes

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import dynamo_reuse
+from pytest_megacache import dynamo as dynamo_reuse
 
 from .conftest import removed_unless_failed
 from .helpers_torch import Run, TorchProject, skip_without_torch
@@ -763,7 +763,7 @@ class TestDynamoReuse:
             self, reuse_chain: ReuseChain) -> None:
         """Each stored variant keeps the tag of its test; one traced in place of a variant that a proof refused in
         that same test is marked so (the test rebinds a module attribute warm): the next run that refuses it there
-        again writes it no more (``dynamo_offers.superseded``). The first refused one stays, for a run where it holds
+        again writes it no more (``dynamo.offers.superseded``). The first refused one stays, for a run where it holds
         again."""
         [cold] = _copies(reuse_chain.after_cold, b"uses_sin")
         [warm] = _copies(reuse_chain.stored_precompile(), b"uses_sin")
@@ -884,7 +884,7 @@ class TestDynamoReuse:
 RECORDED_ONCE = """
 from torch._dynamo.precompile_context import EagerCacheArtifact, PrecompileContext
 
-from pytest_megacache.dynamo_backends import backends_recorded_once
+from pytest_megacache.dynamo.backends import backends_recorded_once
 
 KEY = "__compiled_fn_1_a"
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from pytest_megacache import dynamo_proofs as dp
-from pytest_megacache import dynamo_repairs
-from pytest_megacache import dynamo_reuse as dr
-from pytest_megacache.dynamo_paths import path_text
+from pytest_megacache import dynamo as dr
+from pytest_megacache.dynamo import proofs as dp
+from pytest_megacache.dynamo import repairs as dynamo_repairs
+from pytest_megacache.dynamo.paths import path_text
 from pytest_megacache.report import dynamo_reuse_text
 
 
@@ -385,7 +385,7 @@ def test_merged_packages_keep_each_variant_and_resume_function_once(monkeypatch:
     the codes of one code object are one (torch installs one entry per code object) with every name each package
     gave it (a resume function is named anew by each trace, and its variants call it by that name), and a package of
     other code is not merged."""
-    from pytest_megacache import dynamo_merge
+    from pytest_megacache.dynamo import merge as dynamo_merge
 
     monkeypatch.setattr(dynamo_merge, "stored_code", lambda entry: entry.python_code)
     code = (lambda x: x).__code__
@@ -419,7 +419,7 @@ class _Guards:
 
 
 def _offer(context: str, outcome: Any) -> Any:
-    from pytest_megacache.dynamo_offers import Offer
+    from pytest_megacache.dynamo.offers import Offer
 
     return Offer(None, None, outcome, {}, [], context, None, str(id(outcome)))
 
@@ -431,7 +431,7 @@ def _build(offer: Any) -> Any:
 
 
 def test_an_offer_is_taken_only_under_its_context_with_its_proofs_and_guards() -> None:
-    from pytest_megacache.dynamo_offers import take
+    from pytest_megacache.dynamo.offers import take
 
     failing, other, unproven, holding = (_offer("A", _Guards(False)), _offer("B", _Guards(True)),
                                          _offer("A", dp.Refused("global_changed", "rebound")), _offer("A", _Guards(True)))
@@ -449,7 +449,7 @@ def test_an_offer_is_taken_only_under_its_context_with_its_proofs_and_guards() -
 
 
 def test_offers_are_kept_per_code_once_per_variant_and_dropped_with_their_package() -> None:
-    from pytest_megacache.dynamo_offers import Offer, Offers
+    from pytest_megacache.dynamo.offers import Offer, Offers
 
     code, package, later = (lambda x: x).__code__, object(), object()
     offers = Offers()
@@ -468,7 +468,7 @@ def test_a_variant_installed_again_keeps_what_was_made_ready_for_it_until_its_gu
     """Every new wrapper of a function installs its entry again (a suite makes one per test): the variant's guard
     state, and guards built that failed on the frames so far, serve the new install's offer; guards that held went to
     Dynamo and are built again. Another module's globals or another code object is another variant."""
-    from pytest_megacache.dynamo_offers import Offer, Offers, take
+    from pytest_megacache.dynamo.offers import Offer, Offers, take
 
     code, scope, other_scope = (lambda x: x).__code__, {}, {}
     digest = dp.guards_digest(b"A guards")
@@ -500,7 +500,7 @@ def test_a_variant_installed_again_keeps_what_was_made_ready_for_it_until_its_gu
 
 
 def test_the_compile_context_names_the_backend_and_sorts_what_hashing_orders() -> None:
-    from pytest_megacache import dynamo_context as dc
+    from pytest_megacache.dynamo import context as dc
 
     assert dc.canonical({"b", "a"}) == dc.canonical({"a", "b"}) == "{'a','b'}"
     assert dc.canonical({"k": frozenset({2, 1}), "j": [1, (2,)]}) == "{'j':list[1,tuple[2]],'k':{1,2}}"
@@ -536,7 +536,7 @@ def _base(x: Any) -> Any:
 
 
 def test_a_closure_holding_an_instance_is_described_by_its_class_and_plain_state() -> None:
-    from pytest_megacache.dynamo_objects import describe
+    from pytest_megacache.dynamo.objects import describe
 
     two, again, four = _Scaling(2)(_base), _Scaling(2)(_base), _Scaling(4)(_base)
     assert describe(two) is not None and describe(two) == describe(again) and describe(two) != describe(four)
@@ -669,7 +669,7 @@ def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_wri
 def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(monkeypatch: pytest.MonkeyPatch) -> None:
     import warnings
 
-    from pytest_megacache import dynamo_effects
+    from pytest_megacache.dynamo import effects as dynamo_effects
 
     monkeypatch.setattr(warnings, "_showwarnmsg", warnings._showwarnmsg)  # type: ignore[attr-defined]
     state = types.SimpleNamespace(warned=set())
@@ -692,7 +692,7 @@ def test_a_variant_its_own_test_passes_over_a_second_time_running_is_not_written
     """A frame traced in place of a variant of its own test (a proof refused it, or its guards failed): what it
     traces is marked as such; the variant passed over is left out of what is written only where it was itself so
     marked (passed over two runs running: what it guards on is made anew every run), never another test's."""
-    from pytest_megacache.dynamo_offers import Offer, superseded, take
+    from pytest_megacache.dynamo.offers import Offer, superseded, take
 
     def offer(test: str, retraced: bool) -> Any:
         return Offer(None, None, b"", {}, [], "ctx", None, f"{test}-{retraced}", (test, retraced))
@@ -723,7 +723,7 @@ def test_a_variant_its_own_test_passes_over_a_second_time_running_is_not_written
 def test_resume_functions_count_only_where_the_function_they_resume_has_a_variant() -> None:
     """A resume function is entered only from a stored variant of the function it resumes: where that one has none,
     an entry holding only its resume functions' variants is not worth writing (each run traced them again)."""
-    from pytest_megacache.dynamo_merge import enterable_codes
+    from pytest_megacache.dynamo.merge import enterable_codes
 
     def code(name: str, variants: int) -> Any:
         return types.SimpleNamespace(python_code=types.SimpleNamespace(co_name=name), guarded_codes=[0] * variants)
@@ -736,7 +736,7 @@ def test_resume_functions_count_only_where_the_function_they_resume_has_a_varian
 
 
 def test_only_a_variant_refused_for_a_changed_class_is_left_out_of_what_the_process_stores() -> None:
-    from pytest_megacache.dynamo_offers import note_stale
+    from pytest_megacache.dynamo.offers import note_stale
 
     stale: set[str] = set()
     for reason in ("global_changed", "local_changed"):  # another object in this process: it may hold in the next
@@ -772,7 +772,7 @@ def test_output_code_that_makes_a_function_pickles_its_modules_globals_by_name(m
         lookalike = {"__name__": "json", "x": 1}
         assert pickle.loads(pickle.dumps(SerializedCode("h", (lookalike,)))).co_consts[0] == lookalike
         plain = pickle.dumps(SerializedCode("p", (1, "a")))  # nothing to name: torch's own pickle
-        assert b"dynamo_repairs" not in plain and b"dynamo_repairs" in data
+        assert b"pytest_megacache.dynamo.repairs" not in plain and b"pytest_megacache.dynamo.repairs" in data
         monkeypatch.delitem(sys.modules, made.__name__)
         with pytest.raises(ImportError, match="megacache_made_here is not imported"):  # nothing imported to load it
             pickle.loads(data)
@@ -783,7 +783,7 @@ def test_output_code_that_makes_a_function_pickles_its_modules_globals_by_name(m
 def test_entries_refused_while_torch_writes_them_count_in_the_sessions_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch writes Dynamo's entries after the session's counters were read: a refusal then (an entry that does not
     pickle) is folded into the figures the report shows, once, with the first detail of its reason."""
-    from pytest_megacache.stats import TorchStats
+    from pytest_megacache.report.stats import TorchStats
 
     state = dr._Reuse("/")
     monkeypatch.setattr(dr, "_STATE", state)
@@ -805,7 +805,7 @@ def test_torch_failing_to_record_a_frames_code_is_told_apart_from_the_frames_own
     one torch raises on entering that is not a ``PackageError``, pass as they are."""
     import contextlib
 
-    from pytest_megacache import dynamo_offers
+    from pytest_megacache.dynamo import offers as dynamo_offers
 
     class PackageError(Exception):
         pass
@@ -837,7 +837,7 @@ def test_torch_failing_to_record_a_frames_code_is_told_apart_from_the_frames_own
 
 def test_a_graph_torch_dispatches_between_specializations_is_told_apart() -> None:
     """torch records the backend before the dispatcher between a shape's specialized graphs, and installs it bare."""
-    from pytest_megacache.dynamo_backends import wrapped_after_backend
+    from pytest_megacache.dynamo.backends import wrapped_after_backend
 
     def output_graph(specializations: list[str]) -> Any:
         shape_env = types.SimpleNamespace(specializations=specializations)

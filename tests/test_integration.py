@@ -24,7 +24,7 @@ import pytest
 
 from pytest_megacache import bundle as bundlemod
 from pytest_megacache.bundle import Entries, Entry
-from pytest_megacache.stats import PHASES
+from pytest_megacache.report.stats import PHASES
 
 from .conftest import S3Server, free_port, removed_unless_failed
 from .helpers_torch import Run, TorchProject, skip_without_torch

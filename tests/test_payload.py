@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import zstandard
 
-from pytest_megacache import bundle, payload
-from pytest_megacache.bundle import Entries, Entry
+from pytest_megacache import bundle
+from pytest_megacache.bundle import Entries, Entry, payload
 from pytest_megacache.errors import BundleError
 
 FP = "torch-2.13.0/cpu-avx2-t4/py3.11-linux-x86_64"

@@ -19,7 +19,7 @@ import pytest
 
 from pytest_megacache.core import CacheSession
 from pytest_megacache.report import SessionReport, terminal_lines
-from pytest_megacache.stats import PHASES, LoadStats, ProcessTimes, RestoreStats, TorchStats, UploadStats, process_age
+from pytest_megacache.report.stats import PHASES, LoadStats, ProcessTimes, RestoreStats, TorchStats, UploadStats, process_age
 from pytest_megacache.stores import MemoryStore
 from pytest_megacache.torch_adapter import TorchAdapter
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the process's start time comes from /proc")
 def test_process_age_counts_from_the_process_start_not_from_the_import() -> None:
-    code = ("import time; time.sleep(0.6); from pytest_megacache.stats import process_age; "
+    code = ("import time; time.sleep(0.6); from pytest_megacache.report.stats import process_age; "
             "print(process_age())")
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

@@ -9,14 +9,14 @@ from typing import Any
 
 from pytest_megacache import bundle as bundlemod
 from pytest_megacache.bundle import Entries, Entry, Limits
+from pytest_megacache.bundle.payload import FRAME_BYTES
 from pytest_megacache.compaction import Compaction, Held
-from pytest_megacache.deadline import Deadline
 from pytest_megacache.files import FileRoot
-from pytest_megacache.payload import FRAME_BYTES
 from pytest_megacache.report import UploadStats
 from pytest_megacache.restore import Restore
 from pytest_megacache.scratch import Scratch
 from pytest_megacache.stores import MemoryStore, Store, new_object_name
+from pytest_megacache.stores.deadline import Deadline
 
 FP = "torch-2.13.0/cpu-avx2-t4/py3.11-linux-x86_64"
 FOLDER = f"pytest-megacache/main/{FP}/0123456789ab"

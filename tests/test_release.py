@@ -129,7 +129,7 @@ def test_wheel_holds_the_package_and_py_typed(dists: Dists) -> None:
 def test_wheel_holds_the_children_pth_at_its_root(dists: Dists) -> None:
     """setup.py's build_py hook: the line child processes run at start, in site-packages itself, with its RECORD
     line (so that pip uninstall removes it)."""
-    from pytest_megacache.childstart import PTH_LINE
+    from pytest_megacache.children import PTH_LINE
 
     name = "pytest_megacache_children.pth"
     with zipfile.ZipFile(dists.wheel) as whl:

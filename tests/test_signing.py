@@ -14,7 +14,7 @@ import zstandard
 from pytest_megacache import bundle
 from pytest_megacache.bundle import Entries, Entry, SignatureError
 from pytest_megacache.errors import BundleError
-from pytest_megacache.keys import parse_signing_keys
+from pytest_megacache.settings import parse_signing_keys
 
 from .test_bundle import FIELD_HOSTILE, HOSTILE, PARSE_HOSTILE, build_hostile
 

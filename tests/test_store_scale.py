@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_megacache import bundle as bundlemod
-from pytest_megacache import payload
-from pytest_megacache.bundle import Entries, Limits
+from pytest_megacache.bundle import Entries, Limits, payload
 from pytest_megacache.core import PART_FIELD, STALE_GROUP_SECONDS, CacheSession, Held, units
 from pytest_megacache.files import FileRoot
 from pytest_megacache.report import _restore_lines, _upload_lines

@@ -23,9 +23,9 @@ from pytest_megacache import report as reportmod
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.errors import BundleError
 from pytest_megacache.files import FileRoot, relocate_triton_group
-from pytest_megacache.stats import LoadStats, RestoreStats, TorchStats, TritonStats, XdistStats
-from pytest_megacache.tritonstats import TritonWatch, figures, kernel_folders
-from pytest_megacache.xdist import Takeover
+from pytest_megacache.report.stats import LoadStats, RestoreStats, TorchStats, TritonStats, XdistStats
+from pytest_megacache.report.triton import TritonWatch, figures, kernel_folders
+from pytest_megacache.xdist.staging import Takeover
 
 TRITON_DIR = Path(sys.prefix) / "triton-3.6.0"  # scripts/bootstrap.sh
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_megacache import bundle as bundlemod
-from pytest_megacache import xdist
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.core import CacheSession
 from pytest_megacache.stores import MemoryStore
+from pytest_megacache.xdist import staging as xdist
 
 FP = "torch-x/cpu-avx2-t2/py3.11-linux-x86_64/0123456789ab"
 

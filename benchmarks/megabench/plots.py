@@ -7,12 +7,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pytest_megacache.stats import PHASES  # the plugin's phases, from this checkout
+from pytest_megacache.report.stats import PHASES  # the plugin's phases, from this checkout
 
 from .environment import env_label
 from .records import Run
 
-# One color per phase of the plugin's per-process times (pytest_megacache.stats.PHASES), and the exit, measured
+# One color per phase of the plugin's per-process times (pytest_megacache.report.stats.PHASES), and the exit, measured
 # from outside.
 PHASE_COLORS = {"startup": "#95a5a6", "collect": "#bdc3c7", "imports": "#7f8c8d", "restore_wait": "#e67e22",
                 "load": "#f39c12", "dynamo": "#8e44ad", "backend": "#c0392b", "isa_check": "#f1948a", "backward": "#e74c3c",

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from pytest_megacache.stats import PHASES  # the plugin's phases, from this checkout
+from pytest_megacache.report.stats import PHASES  # the plugin's phases, from this checkout
 
 from .console import human_bytes
 from .records import Run

@@ -1,0 +1,600 @@
+"""Dynamo reuse (``--megacache-precompile``): Dynamo's traced work, stored and taken again only for code proven
+identical to what was traced. This module, the family's front door, wraps torch's caching precompile around what
+reuse stands on without torch (:mod:`.proofs` and the modules it uses: digests, entry ids, proofs).
+
+torch's caching precompile stores, per ``torch.compile``-wrapped function, Dynamo's output: the transformed
+bytecode, its guards and the compiled graphs. As torch ships it, it is not safe for a test suite:
+
+- it keys an entry by the function's ``__qualname__`` and first line only, and maps the wrapped function's current
+  code onto the stored entry without comparing them: an edited body, or another module's function of the same name
+  and line, runs the stored bytecode;
+- it drops guards it cannot serialize (ID_MATCH, CLOSURE_MATCH, MODULE_MATCH, BUILTIN_MATCH, ...) from the guards
+  the *running* process evaluates, so even a cold run stops noticing a rebound global function;
+- a frame whose guards cannot be serialized fails the test (an assertion after the bypass), one unpicklable entry
+  fails the whole save, and a failed load can leave the package half installed.
+
+:func:`install` wraps torch's pieces so that:
+
+1. **Keys are the code.** An entry's id is a digest of the function's module, path relative to the rootdir,
+   qualname, first line and its code object compared recursively (bytecode, constants including nested code,
+   names, variable names, flags); on load the stored main code is compared with the current one again. Anything
+   else is a miss.
+2. **Guards stay whole.** The running process keeps every guard torch would build without the option. A guard on
+   the identity of a global (a module, a function, a builtin, a class, reached by a path of attributes and keys from
+   the module's globals) is stored with a *proof*: what that object was (module name; module, qualname and code
+   digest of a function; ...). Where a stored variant is offered each proof is checked against the object the path
+   names then, and the guard is rebuilt on that object, so a later rebinding still recompiles. A guard that cannot
+   be proven (an instance's identity, a dict version, a weak reference, anything of another kind) leaves that frame
+   out of the store; it compiles as usual.
+3. **Offered where Dynamo would trace, under the same compile.** A loaded entry's variants are not installed on the
+   code when a function is wrapped (torch would run them under any wrapper's backend): each is an offer
+   (:mod:`pytest_megacache.dynamo.offers`), taken where Dynamo is about to trace a frame of that code, only under the
+   compile context it was stored with (:mod:`pytest_megacache.dynamo.context`: backend, mode, ``fullgraph``,
+   compile settings).
+4. **Per frame, fail open.** Whatever fails while storing or loading one frame (an unpicklable object, a class in
+   local scope, a missing or run-time generated module, a source change, torch's own errors) costs that frame only:
+   it is traced exactly as without the option, and counted.
+
+The counters (``counters["dynamo_reuse"]`` in torch's own counter table, so xdist workers and the report carry them
+like torch's) say what was reused, traced, stored and refused, and why.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import os
+import pickle
+import re
+import sys
+from typing import Any
+
+from . import repairs
+from .backends import backends_recorded_once, eager_graphs_stored, wrapped_after_backend
+from .context import innermost_backend
+from .effects import code_key, failed_load_contained, watch_warnings
+from .merge import enterable_codes, entry_signature, packages_merged, stored_code
+from .offers import Offer, Offers, offer_where_traced
+from .proofs import (
+    Refused,
+    code_digest,
+    function_of,
+    guards_digest,
+    pack_guards,
+    prove,
+    prove_class,
+    source_id,
+    tag_of_test,
+    unpack_guards,
+)
+
+__all__ = ["COUNTERS", "before_first_load", "install", "refusal_reasons", "set_test", "used_entries"]  # for the rest
+
+# Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
+# chain of code edits against eager, the version suite's reuse tier): 2.11 on an H100 host and on CPU, 2.12 to 2.15
+# on CPU. 2.7 to 2.10 have other pieces.
+CHECKED_RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
+# Where the packages of one function recorded by several wrappers are merged into one entry (run on 2.13; on 2.11,
+# an H100 host, the merged entries' backends were not found at load).
+MERGED_RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
+# Identity guards kept and proven (torch 2.13 refuses to serialize them, or drops them from the live guards).
+PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "CLASS_MATCH",
+                             "BUILTIN_MATCH"})
+# Guards on run-time state that no stored proof can stand for: a frame holding one is never stored.
+UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
+COUNTER_GROUP = "dynamo_reuse"
+REFUSALS = ("code_changed", "collision", "unsupported_guard", "unsupported_backend", "unpicklable", "global_changed",
+            "local_changed", "class_changed", "context_changed", "missing_module", "side_effect", "torch_error",
+            "load_failed", "no_backend")
+COUNTERS = ("dynamo_reused", "dynamo_frames_reused", "dynamo_traced", "dynamo_stored",
+            *(f"dynamo_refused_{r}" for r in REFUSALS))
+
+
+def release_checked(version: str, releases: tuple[str, ...] = CHECKED_RELEASES) -> bool:
+    """Whether ``torch.__version__`` is one of ``releases`` (minor releases: by default those these wrappers were
+    checked on)."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return bool(match) and f"{match.group(1)}.{match.group(2)}" in releases  # type: ignore[union-attr]
+
+
+# --- the wrappers over torch's pieces ---------------------------------------------------------------------------
+class _Reuse:
+    """The state of the wrappers in this process (one per process: torch's state is process-wide)."""
+
+    def __init__(self, rootdir: str) -> None:
+        self.rootdir = rootdir
+        # per placeholder of a guard state: proofs, context, digest, torch's stored state, the placeholder (held, so
+        # that its id is not reused before torch's install hands it back)
+        self.pending: dict[int, tuple[list[dict[str, Any]], str, str, bytes, Any, tuple[str, bool]]] = {}
+        self.installing: Any = None  # the CompilePackage being installed
+        self.before_load: Any = lambda: None  # the session's: the restore loaded into torch (see before_first_load)
+        self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
+        self.frame_code: Any = None  # the code of the frame whose guards are being built
+        # Frames (file, first line, name) of which a trace showed a warning: no entry holding one is written, though
+        # another variant of it was traced without (under other warning filters, say).
+        self.side_effects: set[tuple[str, int, str]] = set()
+        # key -> the packages recorded under it in this process and their latest entries
+        self.recorded: dict[str, dict[int, tuple[Any, Any]]] = {}
+        self.reasons: dict[str, str] = {}
+        self.offers = Offers()
+        # key -> the stored entry installed in this process; the stored variants whose proofs failed here (digests)
+        self.loaded: dict[str, Any] = {}
+        self.loaded_as: dict[str, Any] = {}  # per key, what the stored entry held when installed (entry_signature)
+        self.stale: set[str] = set()
+        self.contexts: list[str | None] = []  # the compile contexts of the frames being traced (innermost last)
+        # id(code) -> code, function, stored entry, backends, the module missing when the function was wrapped
+        self.deferred: dict[int, tuple[Any, Any, Any, Any, str]] = {}
+        self.install_deferred: Any = lambda code: None
+        self.used: dict[str, None] = {}  # the keys of the stored entries installed in this process, in order
+        self.test = ""  # the tag of the test running (proofs.tag_of_test), stored with what it traces
+        # Stored variants (digests) taken in this process; and those passed over in their own test a second time
+        # running (offers.superseded): such a variant, never taken here, is not written again.
+        self.taken: set[str] = set()
+        self.superseded: set[str] = set()
+        self.retraced = False  # the frame being traced replaces a variant of its own test (offers.superseded)
+
+    def count(self, name: str, n: int = 1) -> None:
+        try:
+            from torch._dynamo.utils import counters
+
+            counters[COUNTER_GROUP][name] += n
+        except Exception:  # noqa: BLE001 - counting never fails a compile
+            pass
+
+    def refuse(self, reason: str, detail: str) -> None:
+        """Count a refusal; keep its first detail, redacted before it is cut (a cut secret is not recognised)."""
+        self.count(f"dynamo_refused_{reason}")
+        if reason not in self.reasons:
+            from ..errors import redact_cut  # light: no torch
+
+            self.reasons[reason] = redact_cut(detail, 200)
+
+    def refuse_error(self, exc: BaseException) -> None:
+        self.refuse(_reason_of(exc), f"{type(exc).__name__}: {exc}")
+
+
+_STATE: _Reuse | None = None
+
+
+def _reason_of(exc: BaseException) -> str:
+    if isinstance(exc, Refused):
+        return exc.reason
+    if isinstance(exc, ImportError):
+        return "missing_module"
+    if isinstance(exc, RuntimeError) and "Source code changes detected" in str(exc):
+        return "code_changed"
+    if isinstance(exc, (pickle.PickleError, AttributeError, EOFError)):
+        return "unpicklable"
+    return "torch_error"
+
+
+def install(rootdir: str) -> str | None:
+    """Turn on torch's caching precompile behind the wrappers above; None when done, else why not (then torch's
+    configuration is left as it was)."""
+    global _STATE
+    try:
+        import torch
+
+        version = str(torch.__version__)
+        if not release_checked(version):
+            return (f"Dynamo reuse is checked on torch {', '.join(CHECKED_RELEASES)} only, and this torch is "
+                    f"{version.split('+')[0]}")
+        import torch._dynamo.bytecode_transformation as bytecode_transformation
+        import torch._dynamo.config as dynamo_config
+        import torch._dynamo.guards as guards
+        import torch._dynamo.package as package
+        import torch._dynamo.precompile_context as precompile_context
+    except Exception as exc:  # noqa: BLE001
+        return f"torch's caching precompile did not import: {type(exc).__name__}: {exc}"
+    if _STATE is not None:
+        dynamo_config.caching_precompile = True
+        return None
+    missing = [name for owner, name in (
+        (package, "CompilePackage"), (package, "DynamoCache"), (package, "load_guards_state"),
+        (package, "load_guard_manager"), (guards, "CheckFunctionManager"), (bytecode_transformation,
+                                                                             "_unique_id_counter"),
+        (precompile_context, "PrecompileContext")) if not hasattr(owner, name)]
+    if missing or not hasattr(guards.CheckFunctionManager, "serialize_guards"):
+        return f"this torch's caching precompile has another form (no {', '.join(missing) or 'serialize_guards'})"
+    state = _Reuse(rootdir)
+    _wrap(state, torch, package, guards, bytecode_transformation)
+    dynamo_config.caching_precompile = True
+    _STATE = state
+    return None
+
+
+def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transformation: Any) -> None:
+    CompilePackage = package.CompilePackage
+    CheckFunctionManager = guards.CheckFunctionManager
+    cache = package.DynamoCache
+    config = torch._dynamo.config
+
+    # 1. Keys are the code.
+    innermost_fn = torch._dynamo.eval_frame.innermost_fn
+    CompilePackage.source_id_from_fn = staticmethod(lambda fn: source_id(innermost_fn(fn), state.rootdir))
+
+    # 2. Guards stay whole: the live guard manager is built as without caching precompile (torch drops identity
+    # guards from it when the flag is on); what is stored carries proofs for the identity guards.
+    init = CheckFunctionManager.__init__
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        state.frame_code = args[0] if args else kwargs.get("f_code")
+        with config.patch(caching_precompile=False):
+            init(self, *args, **kwargs)
+        try:
+            saving = bool(signature.bind(self, *args, **kwargs).arguments.get("save_guards", False))
+        except TypeError:
+            saving = False
+        if saving:
+            state.count("dynamo_traced")
+            if self.guards_state is None:
+                # torch bypassed the frame's package entry (its guards are not storable) but still asserts a state:
+                # the entry is marked bypassed, so torch stores nothing of this placeholder.
+                self.guards_state = b""
+
+    CheckFunctionManager.__init__ = __init__
+    CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = UNPROVABLE_GUARDS
+    serialize = CheckFunctionManager.serialize_guards
+
+    compile_id = torch._guards.CompileContext.current_compile_id
+    watch_warnings(state, compile_id, getattr(torch._dynamo.output_graph, "OutputGraph", None))
+    eager_graphs_stored(getattr(torch._dynamo.output_graph, "OutputGraph", None), package, innermost_backend)
+    backends_recorded_once(package.DynamoCache)
+
+    @functools.wraps(serialize)
+    def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
+        if str(compile_id()) in state.warned:
+            # What the trace did besides its output (a warning a test may expect) would not happen where the entry is
+            # installed instead of traced: such a frame is traced in every run.
+            state.refuse("side_effect", "a warning was shown while the frame was traced")
+            state.side_effects.add(code_key(state.frame_code))
+            raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
+        context = state.contexts[-1] if state.contexts else None
+        if context is None or wrapped_after_backend(output_graph):
+            # a backend of the test's own (or a compile the wrappers did not see start): no later wrapper could be
+            # told apart from it; graphs torch dispatches between, but installs one of (backends)
+            why = "shape specializations" if context else "a backend that cannot be named in another process"
+            state.refuse("unsupported_backend", why)
+            raise torch._dynamo.exc.PackageError(why)
+        proofs = []
+        classes: dict[int, tuple[str, type]] = {}
+        builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
+        try:
+            scope, local_scope = builder.scope["G"], builder.scope.get("L")
+            for guard in sorted_guards:
+                kinds = {guard.create_fn_name(), *(tuple(guard.guard_types) if guard.guard_types else ())}
+                if "TYPE_MATCH" in kinds:
+                    # torch stores the class by module and qualname: the class found so at load must be the same
+                    classes.setdefault(id(cls := type(builder.get(guard))), (guard.name, cls))
+                if kinds & PROVABLE_GUARDS:
+                    proof = prove(guard.name, builder.get(guard), scope, local_scope)
+                    proofs.append(proof)
+                    steps = proof["path"]
+                    if builtins_name and steps[0] == ("global", builtins_name) and len(steps) > 1:
+                        # torch stores only the builtins its BUILTIN_MATCH guards name; a proven identity guard
+                        # on a builtin needs it in the stored scope too, where the guard is rebuilt on load
+                        self.used_builtin_vars.add(steps[1][1])
+            proofs.extend(proof for name, cls in classes.values() if (proof := prove_class(name, cls)))
+        except Refused as exc:
+            state.refuse(exc.reason, str(exc))
+            raise torch._dynamo.exc.PackageError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a proof that cannot be built: this frame is not stored
+            state.refuse("unsupported_guard", f"{type(exc).__name__}: {exc}")
+            raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
+        try:
+            data = serialize(self, builder, sorted_guards, output_graph)
+        except torch._dynamo.exc.PackageError as exc:
+            state.refuse(_reason_of(exc.__cause__) if exc.__cause__ else "unsupported_guard", str(exc))
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. TypeError for the type of a local defined in local scope
+            # torch raises these past its own bypass, which would fail the test: this frame is not stored instead
+            reason = "unsupported_guard" if isinstance(exc, TypeError) else _reason_of(exc)
+            state.refuse(reason, f"{type(exc).__name__}: {exc}")
+            raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
+        state.count("dynamo_stored")
+        return pack_guards(proofs, context, data, state.test, state.retraced)
+
+    CheckFunctionManager.serialize_guards = serialize_guards
+
+    load_guards_state = package.load_guards_state
+    guards_state_class = guards.GuardsState
+
+    def load_guards_state_proven(data: bytes) -> Any:
+        # torch's install unpickles every variant's guards here, and builds them next: both are left to the offer
+        # (a variant of another compile, or of a frame never called, is never unpickled), whose placeholder tells
+        # torch's install that no builtins dict is to be put in place yet (the offer does it, as torch does)
+        proofs, context, inner, origin = unpack_guards(data)
+        placeholder = guards_state_class.__new__(guards_state_class)
+        object.__setattr__(placeholder, "output_graph", _NO_BUILTINS)
+        state.pending[id(placeholder)] = (proofs, context, guards_digest(data), inner, placeholder, origin)
+        return placeholder
+
+    package.load_guards_state = load_guards_state_proven
+    load_guard_manager = package.load_guard_manager
+
+    def load_guard_manager_deferred(guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
+        # torch's install builds every variant's guards here and installs them on the code next: each is kept as an
+        # offer instead, its guards built where Dynamo is about to trace a frame of that code (_compile below)
+        pending = state.pending.pop(id(guards_state), None)
+        if pending is None:
+            raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
+        proofs, context, digest, inner, _, origin = pending
+        return Offer(target_code, None, inner, runtime_global_scope, proofs, context, state.installing, digest, origin)
+
+    package.load_guard_manager = load_guard_manager_deferred
+    eval_frame_c = torch._C._dynamo.eval_frame
+    load_precompile_entry = eval_frame_c._load_precompile_entry
+
+    def load_offer(code: Any, guard_manager: Any, dynamo_code: Any) -> Any:
+        if not isinstance(guard_manager, Offer):
+            return load_precompile_entry(code, guard_manager, dynamo_code)
+        guard_manager.dynamo_code = dynamo_code
+        state.offers.add(guard_manager)
+        return None
+
+    eval_frame_c._load_precompile_entry = load_offer
+    uninstall = CompilePackage.uninstall
+
+    @functools.wraps(uninstall)
+    def uninstall_offers(self: Any) -> None:
+        state.offers.drop_package(self)
+        uninstall(self)
+
+    CompilePackage.uninstall = uninstall_offers
+    from torch._dynamo.output_graph import get_builtins_dict
+
+    offer_where_traced(state, torch, functools.partial(_guards_of, load_guards_state, get_builtins_dict,
+                                                       bytecode_transformation), load_guard_manager)
+
+    # 3. Per frame, fail open. Loading: the stored main code must be the current code.
+    load = cache.load
+
+    def checked_load(fn: Any) -> Any:
+        before, state.before_load = state.before_load, lambda: None  # once
+        before()
+        try:
+            with failed_load_contained(state):
+                result = load(fn)
+        except Exception as exc:  # noqa: BLE001
+            state.refuse_error(exc)
+            return None
+        if result is None:
+            return None
+        try:
+            func = function_of(innermost_fn(fn))
+            main = result.dynamo.codes[0]
+            if main.python_module != getattr(func, "__module__", None):
+                raise Refused("collision", f"an entry of {main.python_module} for {func.__module__}")
+            stored = stored_code(main)
+            if code_digest(stored) != code_digest(func.__code__):
+                raise Refused("code_changed", f"{func.__qualname__} changed since it was traced")
+        except Exception as exc:  # noqa: BLE001
+            state.refuse(_reason_of(exc), str(exc))
+            return None
+        return result
+
+    cache.load = checked_load
+
+    initialize = CompilePackage.initialize
+
+    @functools.wraps(initialize)
+    def initialize_or_fresh(self: Any, fn: Any, dynamo: Any = None, ignore_inlined_sources: bool = False) -> None:
+        if dynamo is None:
+            initialize(self, fn, None, ignore_inlined_sources)
+            return None
+        try:
+            initialize(self, fn, dynamo, ignore_inlined_sources)
+            self._megacache_loaded = dynamo
+            return None
+        except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
+            if (missing := _missing_module(exc)) is not None:
+                self._megacache_deferred = (fn, dynamo, missing)  # installed where its frame runs, if it appears
+            else:
+                state.refuse_error(exc)
+            _fresh(self, fn, initialize)
+            self._megacache_fresh = True  # torch installs the loaded backends next: nothing is to be installed
+            return None
+
+    CompilePackage.initialize = initialize_or_fresh
+
+    install_package = CompilePackage.install
+
+    @functools.wraps(install_package)
+    def install_or_fresh(self: Any, backends: Any) -> None:
+        loaded = self.__dict__.pop("_megacache_loaded", None)
+        if self.__dict__.pop("_megacache_fresh", False):
+            if (deferred := self.__dict__.pop("_megacache_deferred", None)) is not None:
+                fn, dynamo, missing = deferred
+                _defer(state, self, fn, dynamo, missing, backends)
+            return
+        modules = [sys.modules.get(entry.python_module) for entry in list(self._codes.values())]
+        eval_frame = torch._dynamo.eval_frame
+        skip_code = eval_frame.skip_code
+        # torch marks the code of a stored entry without compiled variants as never to be compiled (meant for frames
+        # whose graph was empty): such a frame, a resume function never reached when it was traced say, would then
+        # run eagerly where a run without the option compiles it. Dynamo traces it as usual instead.
+        eval_frame.skip_code = _no_skip
+        state.installing = self
+        try:
+            install_package(self, backends)
+        except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
+            fn = self._innermost_fn
+            if (missing := _missing_module(exc)) is not None and loaded is not None:
+                _defer(state, self, fn, loaded, missing, backends)  # an import source not there yet
+            else:
+                state.refuse_error(exc)
+            try:
+                self.uninstall()
+            finally:
+                _fresh(self, fn, initialize)
+                repairs.numbering_past(bytecode_transformation, modules)
+            return
+        finally:
+            eval_frame.skip_code = skip_code
+            state.installing = None
+        state.count("dynamo_reused")
+        if loaded is not None:
+            state.loaded[self.source_id] = loaded  # what the store held: merged into what this process stores
+            if self.source_id not in state.loaded_as:  # once per key (every wrapper of the function installs it)
+                # as it is now: the package records the variants this process traces into the same code entries
+                state.loaded_as[self.source_id] = entry_signature(loaded)
+        repairs.numbering_past(bytecode_transformation, modules)
+        state.used.setdefault(self.source_id)
+
+    CompilePackage.install = install_or_fresh
+
+    def install_deferred(code: Any) -> None:
+        """The stored entry of a function whose modules were missing when it was wrapped, installed where a frame of
+        its code is about to be traced, once they are there (a module a library generates when it is first used)."""
+        deferred = state.deferred.get(id(code))
+        if deferred is None or deferred[0] is not code:
+            return
+        _, fn, dynamo, backends, missing = deferred
+        if not _importable(missing):
+            state.refuse("missing_module", f"{missing} is not there")  # once per frame traced
+            return
+        del state.deferred[id(code)]
+        # may defer it again (another module missing) or refuse it, as when wrapped; its offers hold the package
+        CompilePackage(fn, dynamo).install(backends)
+
+    state.install_deferred = install_deferred
+
+    # AOTAutograd's cache under caching precompile: torch 2.13 puts the compiled function's per-process name
+    # (``__compiled_fn_<n>_<uuid>``) into the entry's key, so no entry ever hits, in the run that stored it or a
+    # later one, and every traced frame pays AOTAutograd in full. The key is computed as 2.12 computes it, without
+    # that name: torch stores the entry without it and names the hit after the current frame's function.
+    repairs.key_without_backend_id()
+    # torch records, for every function a trace inlined, its source lines' checksum and its module's content, read
+    # again from the file at each trace (5 of the 8 seconds that caching precompile added to a cold run of 240
+    # tests): what it records of one code object is kept for the process.
+    repairs.inlined_sources_once(package)
+    # With caching precompile torch bundles every AOTAutograd entry with its compiled code, and asserts when a
+    # graph's code is not Inductor's output (seen on an H100 training step: "expected OutputCode, got method"), which
+    # fails the test. Such a graph gets no entry (as without the option, where it has no FX-graph key to store);
+    # its frame has no stored backend then, and is traced in a later run.
+    repairs.bundling_fails_open(state)
+    # torch 2.11 stores guards on a function's default values in a form it cannot load again.
+    repairs.sources_unpickle(torch)
+    # torch writes none of a code's variants where one lacks its compiled graph's backend: the others are written.
+    repairs.backendless_variants_dropped(package, state)
+    # torch writes no entry whose output code makes a function (its module's globals are a constant there).
+    repairs.module_globals_by_name(package)
+
+    # Saving: every wrapper of one function is one entry. torch keeps the last package recorded under a key (a
+    # function's source id), so where a suite wraps one function in torch.compile more than once (a test per
+    # parameter, a fresh wrapper per test) the variants the earlier wrappers traced would be lost. Only on the
+    # releases it was run on (MERGED_RELEASES; on 2.13 an entry whose backend is missing is not written at all:
+    # torch raises while saving it).
+    if release_checked(str(torch.__version__), MERGED_RELEASES):
+        packages_merged(state, cache)
+
+    # Saving: one entry that does not pickle costs that entry only.
+    write = cache.write
+
+    def write_each(entry: Any, path: str) -> None:
+        try:
+            codes = entry.dynamo.codes
+            if state.side_effects and any(code_key(code.python_code) in state.side_effects for code in codes):
+                return
+            if not any(code.guarded_codes for code in enterable_codes(codes)):
+                return  # no variant a later process could take (every one refused here): its backends alone
+            stored = state.loaded_as.get(os.path.basename(path))
+            if stored is not None and entry_signature(entry.dynamo) == stored:
+                return  # the store holds it as it is: written again, its new bytes would be stored again each run
+            write(entry, path)
+        except Exception as exc:  # noqa: BLE001
+            state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
+
+    cache.write = write_each
+
+
+_NO_BUILTINS = type("NoBuiltinsYet", (), {"name_of_builtins_dict_key_in_fglobals": None})()
+
+
+def _guards_of(load_guards_state: Any, builtins_of: Any, bytecode_transformation: Any, stored: bytes,
+               scope: dict[str, Any]) -> Any:
+    """A variant's guard state unpickled by torch (``load_guards_state``), with the builtins dict its guards name put
+    into the module's globals where it is missing, as torch's install does (``builtins_of``: torch's
+    ``get_builtins_dict``)."""
+    loaded = load_guards_state(stored)
+    name = getattr(loaded.output_graph, "name_of_builtins_dict_key_in_fglobals", None)
+    if name:
+        builtins_dict = builtins_of(scope)
+        if scope.setdefault(name, builtins_dict) is not builtins_dict:
+            raise Refused("global_changed", f"{name} is not the builtins dict")
+        # numbered by the tracing process: a frame traced from now on must not pick the same name (torch asserts,
+        # and the frame runs eagerly)
+        repairs.numbering_past_name(bytecode_transformation, name)
+    return loaded
+
+
+def _missing_module(exc: BaseException) -> str | None:
+    """The module whose absence failed loading an entry (an import of it by torch), else None."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return exc.name
+    return None
+
+
+def _importable(name: str) -> bool:
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # noqa: BLE001 - a parent package missing, say
+        return False
+
+
+def _defer(state: _Reuse, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any) -> None:
+    code = getattr(package._innermost_fn, "__code__", None)
+    if code is None:
+        state.refuse("missing_module", f"{missing} is not there")
+        return
+    state.deferred[id(code)] = (code, fn, dynamo, backends, missing)
+
+
+def _no_skip(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _fresh(pkg: Any, fn: Any, initialize: Any) -> None:
+    """A CompilePackage back to a fresh one for ``fn``, in place (torch holds it), as if nothing had been loaded;
+    ``initialize`` is torch's own CompilePackage.initialize."""
+    pkg._initialized = False
+    pkg._codes = {}
+    pkg._current_entry = None
+    pkg._installed_globals = {}
+    pkg._resume_codes = set()
+    pkg.__dict__.pop("source_id", None)
+    initialize(pkg, fn, None, False)
+
+
+def before_first_load(callback: Any) -> bool:
+    """``callback`` (the session's restore, waited for and loaded into torch, once) runs where torch first looks a
+    stored entry up (a ``torch.compile()`` wrapping a function), not sooner: the restore runs meanwhile, beside the
+    session's imports and collection. False where reuse is not installed."""
+    if _STATE is None:
+        return False
+    _STATE.before_load = callback
+    return True
+
+
+def set_test(nodeid: str | None) -> None:
+    """The test now running in this process (None: none), whose tag the variants traced in it keep."""
+    if _STATE is not None:
+        _STATE.test = tag_of_test(nodeid) if nodeid else ""
+
+
+def used_entries() -> list[str]:
+    """The keys of the stored entries installed in this process, in the order first installed: what the report
+    counts as used (torch records no artifact for an install; recording the entry's bytes for it made torch serialize
+    every installed entry again at the session's end, 158 MB on a suite of 240 tests)."""
+    return list(_STATE.used) if _STATE is not None else []
+
+
+def refusal_reasons() -> dict[str, str]:
+    """The first detail seen per refusal reason in this process."""
+    return dict(_STATE.reasons) if _STATE is not None else {}
+

@@ -1,0 +1,149 @@
+"""What a stored frame's compiled graphs are, where torch's caching precompile stores none of its own (no torch
+imported until :func:`eager_graphs_stored` runs).
+
+- **Graphs of torch's ``eager`` backend.** torch stores a frame's compiled graph as the AOTAutograd entry that
+  Inductor's compile bundled; ``backend="eager"`` (common in test suites: it checks what Dynamo traces without paying
+  Inductor) compiles nothing, so no variant of such a frame had a backend to store and every one was traced again in
+  every run. That backend's compiled graph *is* Dynamo's FX graph, run by its generated ``forward``: the graph is
+  stored as torch's own ``EagerCacheArtifact`` holds one, and installed as its ``forward``, the callable the backend
+  returned (calling the module would run global module hooks that the traced frame did not). Only where the compile
+  asked for torch's ``eager`` function itself (a backend of a test's own that returns the graph may count or record
+  what it is given: it must run), and where it pickles.
+- **A graph torch runs with subclass dispatch off.** Where Dynamo inlined a ``__torch_function__`` (a tensor
+  subclass's, or an object's such as a tensor container's), torch runs the compiled graph with tensor-subclass dispatch
+  off (else a subclass would handle each operation twice), but records and installs the bare backend: the artifact
+  torch recorded for it (now, or later: a training graph's once its backward ran) is stored wrapped, so that the graph
+  is installed as torch ran it (without, an eager graph taken from the store gave another result than eager).
+- **A stored entry's backends, recorded once per process** (:func:`backends_recorded_once`): torch records every
+  backend of an entry it loads into its precompile context, a deep copy each, and a suite that wraps a function anew
+  in each test (after ``torch._dynamo.reset()``) loads its entry each time: on a GPU host that copying took as long
+  as the entries' installs many times over. A backend whose id (unique to the compile that made it) is recorded
+  already is not copied again.
+- **A graph torch dispatches between shape specializations** (:func:`wrapped_after_backend`): torch records the
+  backend before that dispatcher; such a frame is not stored (``unsupported backend``), whatever its backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import threading
+import weakref
+from typing import Any
+
+__all__ = ["backends_recorded_once", "eager_graphs_stored", "wrapped_after_backend"]
+
+_EAGER_GRAPHS: weakref.WeakSet[Any] = weakref.WeakSet()  # graphs torch's eager backend returned as they were
+_LAST = threading.local()  # the graph just compiled: run with subclass dispatch off? (torch names it right after)
+_DISPATCH_OFF: set[str] = set()  # backends of this process that torch runs with subclass dispatch off
+
+
+def wrapped_after_backend(output_graph: Any) -> bool:
+    """Whether torch dispatches the frame's compiled graphs between shape specializations (see above)."""
+    shape_env = getattr(getattr(getattr(output_graph, "tracing_context", None), "fake_mode", None), "shape_env", None)
+    return bool(getattr(shape_env, "specializations", None))
+
+
+def _torch_eager(compiler_fn: Any, innermost_backend: Any) -> bool:
+    from torch._dynamo.backends.debugging import eager
+
+    backend = innermost_backend(compiler_fn)
+    if type(backend).__name__ == "_TorchCompileWrapper":
+        backend = getattr(backend, "compiler_fn", None)
+    return backend is eager
+
+
+def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any) -> None:
+    """Records the graph of each compile by torch's ``eager`` backend as the backend torch stores with the frame
+    (``package.CompilePackage.add_backend_id`` is where torch names a frame's compiled graph; it is called only under
+    caching precompile)."""
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    from .eager import DispatchOff, GraphForward
+
+    call_user_compiler = getattr(output_graph, "call_user_compiler", None)
+    add_backend_id = getattr(getattr(package, "CompilePackage", None), "add_backend_id", None)
+    if call_user_compiler is None or add_backend_id is None or getattr(add_backend_id, "_megacache_eager", False):
+        return
+
+    @functools.wraps(call_user_compiler)
+    def compiled_by(self: Any, gm: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled = call_user_compiler(self, gm, *args, **kwargs)
+        _LAST.dispatch_off = bool(getattr(self, "torch_function_subclass_inlined", False))
+        try:
+            if (getattr(compiled, "__self__", None) is gm and _torch_eager(self.compiler_fn, innermost_backend)
+                    and not getattr(self, "export", False)):
+                _EAGER_GRAPHS.add(gm)
+        except Exception:  # noqa: BLE001 - a graph not recorded is a variant not stored
+            pass
+        return compiled
+
+    @functools.wraps(add_backend_id)
+    def named(self: Any, backend_id: str, backend: Any = None) -> None:
+        add_backend_id(self, backend_id, backend)
+        dispatch_off, _LAST.dispatch_off = getattr(_LAST, "dispatch_off", False), False
+        gm = getattr(backend, "__self__", None)
+        try:
+            if gm is not None and gm in _EAGER_GRAPHS:
+                pickle.dumps(gm)  # one that does not pickle is not recorded: only its variant is not stored
+                PrecompileContext.record_artifact(GraphForward(key=backend_id, content=gm))
+        except Exception:  # noqa: BLE001
+            pass
+        if dispatch_off:
+            _DISPATCH_OFF.add(str(backend_id))
+
+    def as_run(backends: Any) -> Any:
+        """The backends as torch ran them, where torch writes an entry with them."""
+        if not _DISPATCH_OFF.intersection(map(str, backends)):
+            return backends
+        try:
+            return {k: DispatchOff(key=k, content=v) if str(k) in _DISPATCH_OFF and not isinstance(v, DispatchOff)
+                    else v for k, v in backends.items()}
+        except Exception:  # noqa: BLE001 - never written bare: left out, their variants are not stored
+            return {k: v for k, v in backends.items() if str(k) not in _DISPATCH_OFF}
+
+    entry_class = package.PrecompileCacheEntry
+    from_cache_entry = entry_class.from_cache_entry
+
+    @functools.wraps(from_cache_entry)
+    def written_as_run(cache_entry: Any, backends: Any, *args: Any, **kwargs: Any) -> Any:
+        return from_cache_entry(cache_entry, as_run(backends), *args, **kwargs)
+
+    serialize = PrecompileContext.serialize_artifact_by_key
+
+    @functools.wraps(serialize)
+    def serialized(key: str) -> Any:
+        return as_run({key: artifact})[key] if (artifact := serialize(key)) is not None else None
+
+    named._megacache_eager = True  # type: ignore[attr-defined]
+    output_graph.call_user_compiler = compiled_by
+    package.CompilePackage.add_backend_id = named
+    entry_class.from_cache_entry = staticmethod(written_as_run)
+    setattr(PrecompileContext, "serialize_artifact_by_key", staticmethod(serialized))  # noqa: B010 - torch's classmethod
+
+
+def backends_recorded_once(cache: Any) -> None:
+    """Where ``cache`` (torch's ``DynamoCache``) loads an entry, a backend already in torch's precompile context
+    under its id is not recorded (deep-copied) again (see above)."""
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    load_cache_entry = cache.load_cache_entry
+    record = PrecompileContext.record_artifact
+    loading = threading.local()
+
+    @functools.wraps(load_cache_entry)
+    def load_once(key: str) -> Any:
+        loading.on = True
+        try:
+            return load_cache_entry(key)
+        finally:
+            loading.on = False
+
+    @functools.wraps(record)
+    def record_once(artifact: Any) -> None:
+        if getattr(loading, "on", False) and PrecompileContext.serialize_artifact_by_key(artifact.key) is not None:
+            return
+        record(artifact)
+
+    cache.load_cache_entry = load_once
+    setattr(PrecompileContext, "record_artifact", staticmethod(record_once))  # noqa: B010 - torch's classmethod

@@ -1,0 +1,145 @@
+"""Every ``torch.compile`` wrapper of one function stored as one Dynamo reuse entry.
+
+torch keeps the package that the last wrapper of a function recorded under its key; a suite that wraps one function
+once per parameter or per test would lose the variants the other wrappers traced. :func:`packages_merged` makes
+torch's record of a package merge it with the packages recorded before under the same key: the main code and each
+other code (a resume function) with every package's compiled variants and names, once each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .objects import code_digest
+from .proofs import guards_digest
+
+
+def packages_merged(state: Any, cache: Any) -> None:
+    """torch's ``record_package`` on ``cache`` (its DynamoCache) merges each package with those recorded before
+    under its key (``state.recorded``) and with the stored entry installed under it (``state.loaded``), less the
+    variants refused in this process for a reason any later process would give too (``state.stale``) and those
+    passed over in their own test a second run running and never taken here (``state.superseded``, see
+    :func:`pytest_megacache.dynamo.offers.superseded`); a failure keeps the last package alone, as torch does, and is
+    counted."""
+    record = getattr(cache, "record_package", None)
+    try:
+        from torch._dynamo.precompile_context import PrecompileContext
+    except Exception:  # noqa: BLE001 - another layout: torch's own behaviour
+        return
+    entries = getattr(PrecompileContext, "_dynamo_cache_entries", None)
+    if record is None or not isinstance(entries, dict):
+        return
+
+    def record_package(package: Any) -> None:
+        record(package)
+        try:
+            key = package.source_id
+            latest = entries.get(key)
+            if latest is None:
+                return
+            per_package = state.recorded.setdefault(key, {})
+            per_package[id(package)] = (package, latest)  # the package itself kept: its id is not reused
+            parts = [entry for _package, entry in per_package.values()]
+            if (loaded := state.loaded.get(key)) is not None:
+                parts.insert(0, loaded)  # a package that did not load it (its install failed) would lose it
+            drop = state.stale | (state.superseded - state.taken)
+            if len(parts) > 1 or drop:
+                entries[key] = _without(_merged(parts), drop)
+        except Exception as exc:  # noqa: BLE001 - the last package alone, as torch keeps it
+            state.refuse("torch_error", f"packages of one function not merged: {type(exc).__name__}: {exc}")
+
+    cache.record_package = record_package
+
+
+def _merged(entries: list[Any]) -> Any:
+    """One dynamo cache entry holding every variant of several packages of one function: the function's own code
+    and each other code (a resume function, a function called after a graph break) with every package's guarded
+    variants (once each: each wrapper's package holds the variants it loaded, and a variant is its guards), global
+    names, imports and backends (bypassed if any package bypassed it). Codes are one where their code objects are
+    equal, as torch keys a package's codes when it installs them (one entry per code object there: of two entries for
+    one resume function, the names and variants of one would be lost, and a variant of the other calling its resume
+    function by a name never installed would fail)."""
+    first = entries[0]
+    main = first.codes[0]
+    digest = code_digest(stored_code(main))
+    codes: dict[Any, Any] = {}
+    for n, entry in enumerate(entries):
+        theirs = entry.codes[0]
+        if n and (code_digest(stored_code(theirs)) != digest or theirs.python_module != main.python_module):
+            raise ValueError("packages of one key hold other code")
+        for code in entry.codes:
+            key = stored_code(code)
+            codes[key] = _merged_code(codes[key], code) if key in codes else code
+    return dataclasses.replace(first, codes=list(codes.values()))
+
+
+def _without(entry: Any, stale: set[str]) -> Any:
+    """The entry without the variants whose stored guards (by digest) are in ``stale``: they would be refused again
+    (:data:`pytest_megacache.dynamo.offers.PERSISTENT_REFUSALS`, or a variant its own test passed over a second run
+    running); a later trace stores what holds then."""
+    if not stale:
+        return entry
+    codes = [dataclasses.replace(code, guarded_codes=[
+        variant for variant in code.guarded_codes
+        if guards_digest(variant.guards_state) not in stale]) for code in entry.codes]
+    return dataclasses.replace(entry, codes=codes)
+
+
+def _merged_code(ours: Any, theirs: Any) -> Any:
+    seen = {bytes(variant.guards_state) for variant in ours.guarded_codes}
+    guarded = list(ours.guarded_codes)
+    for variant in theirs.guarded_codes:
+        if (guards := bytes(variant.guards_state)) not in seen:
+            seen.add(guards)
+            guarded.append(variant)
+    backends = [*ours.backend_ids, *(b for b in theirs.backend_ids if b not in ours.backend_ids)]
+    names = [*ours.function_names, *(f for f in theirs.function_names if f not in ours.function_names)]
+    return dataclasses.replace(ours, guarded_codes=guarded, backend_ids=backends, function_names=names,
+                               import_sources={**ours.import_sources, **theirs.import_sources},
+                               bypassed=ours.bypassed or theirs.bypassed)
+
+
+def entry_signature(entry: Any) -> Any:
+    """What a dynamo cache entry holds, as a value: equal for two entries with the same codes, each with the same
+    variants (a variant is its guards), names, imports and backends, and the same recorded sources and system,
+    however torch pickled them (pickling the same objects again does not give the same bytes). Take it before torch
+    uses the entry: a package records the variants its process traces in the code entries it was given. None where
+    the entry cannot be read so (never equal to anything)."""
+    try:
+        return _signature(entry)
+    except Exception:  # noqa: BLE001 - another layout: written, as torch writes it
+        return None
+
+
+def _signature(entry: Any) -> Any:
+    codes = frozenset(
+        (code_digest(stored_code(code)), code.python_module, frozenset(code.function_names),
+         frozenset(guards_digest(variant.guards_state) for variant in code.guarded_codes),
+         frozenset(code.import_sources.items()), frozenset(code.backend_ids), code.code_source, code.install_to_global,
+         getattr(code, "has_compile_id", None), getattr(code, "bypassed", None))
+        for code in entry.codes)
+    return (len(entry.codes), codes, frozenset(entry.source_info.inlined_sources), entry.device_type,
+            entry.system_info, getattr(entry, "fn_name", None), getattr(entry, "fn_first_lineno", None))
+
+
+# torch's name for a resume function (the rest of a frame after a graph break): torch_dynamo_resume_in_<name>_at_<line>
+RESUME_PREFIX = "torch_dynamo_resume_in_"
+
+
+def enterable_codes(codes: list[Any]) -> list[Any]:
+    """The codes of an entry (torch's ``_DynamoCodeCacheEntry`` list, the wrapped function's first) whose variants a
+    later process can take: a resume function is entered only from a stored variant of the function it resumes, so
+    where the wrapped function has none (its frame was refused here), its resume functions' variants are never taken
+    (each run traced them again and stored one more)."""
+    if not codes or codes[0].guarded_codes:
+        return list(codes)
+    return [codes[0], *(code for code in codes[1:]
+                        if not str(getattr(code.python_code, "co_name", "")).startswith(RESUME_PREFIX))]
+
+
+def stored_code(entry: Any) -> Any:
+    """The code object a stored code entry (torch's ``_DynamoCodeCacheEntry``) was traced from."""
+    from torch._dynamo.package import SerializedCode
+
+    return SerializedCode.to_code_object(entry.python_code)

@@ -1,0 +1,294 @@
+"""Stored compiled variants offered where Dynamo is about to trace, instead of installed when a function is wrapped.
+
+torch installs every variant of a loaded entry on the function's code when ``torch.compile()`` wraps it: it builds
+every variant's guards up front, and checks them before the wrapper's own cache without looking at the wrapper's
+backend, so a wrapper with another backend or mode would run a variant another one compiled. Here torch's install
+still puts the entry's globals in place (its compiled graphs, resume functions, imports), but each variant is kept
+as an :class:`Offer` on its code object. Where Dynamo is about to trace a frame of that code (torch's ``_compile``,
+after a cache miss, under the recompile limit), the offers compiled under the same context
+(:mod:`~pytest_megacache.dynamo.context`) are tried in turn: proofs checked against the objects of the moment, guards
+built and evaluated on the frame's locals; the first that holds is returned to Dynamo as if it had been traced, and
+Dynamo caches it under the calling wrapper's backend as it caches its own. A reset of Dynamo's caches leaves the
+offers: the next call takes one again where torch would trace the same frame again.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .context import compile_context
+from .objects import Refused
+from .proofs import check_proofs
+
+# Refusals that any later process would make too, so the variant is not stored again from this one: a class's
+# definition is read from its source. A global or a local that names another object depends on the process (a test's
+# monkeypatch, the order in which a library fills a registry, the function a shared decorator's wrapper was called
+# with): such a variant is kept for the processes where it holds.
+PERSISTENT_REFUSALS = ("class_changed",)
+
+
+class Prepared:
+    """What one stored variant took to make ready in this process, shared by every install of it: each new
+    ``torch.compile()`` wrapper of a function installs its entry again (a test suite makes one per test), and the
+    variant's guard state, unpickled once, and guards built that failed on the frames seen so far serve them all.
+    Guards that held were handed to Dynamo and are built again where the variant is offered next."""
+
+    __slots__ = ("code", "guards_state", "manager", "scope")
+
+    def __init__(self, code: Any, scope: dict[str, Any]) -> None:
+        self.code, self.scope = code, scope  # held: the ids that key it are not reused
+        self.guards_state: Any = None  # torch's guard state, unpickled from the variant's stored bytes
+        self.manager: Any = None  # guards built and not handed to Dynamo yet (they fail on the frames seen so far)
+
+
+class Offer:
+    """One stored compiled variant of one code object, from the package whose install put its globals in place."""
+
+    __slots__ = ("code", "context", "digest", "dynamo_code", "failed", "origin", "package", "prepared", "proofs",
+                 "scope", "stored")
+
+    def __init__(self, code: Any, dynamo_code: Any, stored: bytes, scope: dict[str, Any],
+                 proofs: list[dict[str, Any]], context: str, package: Any, digest: str,
+                 origin: tuple[str, bool] = ("", False)) -> None:
+        self.code, self.dynamo_code, self.stored, self.scope = code, dynamo_code, stored, scope
+        self.proofs, self.context, self.package = proofs, context, package
+        self.origin = origin  # the tag of the test it was traced in, and whether it replaced one passed over there
+        self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state): the variant
+        self.failed: Exception | None = None  # why torch could not load it (not tried again)
+        self.prepared = Prepared(code, scope)
+
+
+class Offers:
+    """The offers of this process, per code object (its id; the offer holds the code, so the id is not reused)."""
+
+    def __init__(self) -> None:
+        self.by_code: dict[int, dict[str, Offer]] = {}
+        self.prepared: dict[tuple[int, str, int], Prepared] = {}  # per code, variant and module: outlives installs
+
+    def add(self, offer: Offer) -> None:
+        # the same stored variant installed again by another wrapper of the function: the latest install's globals
+        # are those in the module now; what was made ready for the variant in its module serves again
+        # (a Prepared holds its code and module, so the ids that key it are not reused)
+        offer.prepared = self.prepared.setdefault((id(offer.code), offer.digest, id(offer.scope)), offer.prepared)
+        self.by_code.setdefault(id(offer.code), {})[offer.digest] = offer
+
+    def drop_package(self, package: Any) -> None:
+        """A package uninstalled: its globals are gone, and so are its offers."""
+        for code_id in list(self.by_code):
+            offers = self.by_code[code_id]
+            for key in [k for k, o in offers.items() if o.package is package]:
+                del offers[key]
+            if not offers:
+                del self.by_code[code_id]
+
+    def of(self, code: Any) -> list[Offer]:
+        return [o for o in reversed(self.by_code.get(id(code), {}).values()) if o.code is code]
+
+    def __len__(self) -> int:
+        return sum(len(offers) for offers in self.by_code.values())
+
+
+def note_stale(stale: set[str], offer: Offer, refused: Refused) -> None:
+    """An offer refused for a reason any later process would give too is not stored again from this one."""
+    if refused.reason in PERSISTENT_REFUSALS:
+        stale.add(offer.digest)
+
+
+def superseded(passed_over: list[Offer], test: str) -> tuple[bool, set[str]]:
+    """For a frame about to be traced in ``test`` (a tag) after the stored variants ``passed_over`` were refused by a
+    proof, failed to load or failed their guards: whether what it traces replaces a variant of that very test (stored so:
+    ``retraced``), and the variants not to write again (digests), those passed over so a second time running. A
+    variant that does not hold in the test that traced it holds in no later run where what it guards on is made anew
+    each time (a decorator instance's scratch state, a registry's order, a function copied by torch's pickle): each
+    such run added a variant never used. The first time, the variant passed over is kept: a run with another binding
+    of the moment (a test's ``monkeypatch`` in one job, not in another) may take it again."""
+    own = [offer for offer in passed_over if test and offer.origin[0] == test]
+    return bool(own), {offer.digest for offer in own if offer.origin[1]}
+
+
+def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any], build: Callable[[Offer], Any],
+         passed_over: list[Offer] | None = None) -> tuple[tuple[Offer, Any] | None, tuple[str, str] | None]:
+    """The first offer compiled under ``context`` whose proofs hold now and whose guards pass on ``f_locals``, with
+    its guards (built by ``build``, which raises :class:`Refused` for a proof that fails); else None and why the
+    frame could not take one: a proof that failed, else another compile context; None where the guards of every
+    offer of this context merely fail on these inputs (the frame is a new variant, traced as torch would). The offers
+    of this context that a proof refused, that torch failed to load or whose guards failed are added to
+    ``passed_over``."""
+    passed_over = [] if passed_over is None else passed_over
+    refusal: tuple[str, str] | None = None
+    this_context = other_context = False
+    for offer in offers:
+        if offer.context != context:
+            other_context = True
+            continue
+        this_context = True
+        try:
+            manager = build(offer)
+        except Refused as exc:
+            refusal = (exc.reason, str(exc))
+            passed_over.append(offer)
+            continue
+        except Exception as exc:  # noqa: BLE001 - torch's own failure to build the guards: the frame is traced
+            refusal = ("torch_error", f"{type(exc).__name__}: {exc}")
+            passed_over.append(offer)
+            continue
+        try:
+            holds = bool(manager.check(f_locals))
+        except Exception:  # noqa: BLE001 - a guard that raises on these locals does not hold
+            holds = False
+        if holds:
+            offer.prepared.manager = None  # handed to Dynamo: a cache entry owns it now
+            return (offer, manager), None
+        offer.prepared.manager = manager
+        passed_over.append(offer)
+    if refusal is None and other_context and not this_context:
+        # only offers of other compiles; where one of this very compile exists, its guards decide, as torch's would
+        refusal = ("context_changed", "compiled under another backend, mode or configuration")
+    return None, refusal
+
+
+def bind_global(package: Any, scope: dict[str, Any], name: str, value: Any) -> None:
+    """A global of the tracing process put back into the module of an offer, as its package's own: uninstalling the
+    package removes it."""
+    module = sys.modules.get(str(scope.get("__name__")))
+    if package is None or module is None or module.__dict__ is not scope:
+        raise Refused("global_changed", f"{name} cannot be bound outside the module of its entry")
+    package._install_global(module, name, value)
+
+
+def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dict[str, Any]], Any],
+                       load_guard_manager: Callable[..., Any]) -> None:
+    """torch's ``_compile`` (where Dynamo traces a frame that missed its cache) takes a stored variant first, and
+    records the compile context of each frame it traces for the variant stored from it. ``load_guards`` unpickles a
+    variant's stored guard state in a module's globals, ``load_guard_manager`` builds its guards (torch's own)."""
+    import torch._dynamo.convert_frame as convert_frame
+
+    compile_fn = convert_frame._compile
+    signature = inspect.signature(compile_fn)
+    exceeds = getattr(convert_frame, "exceeds_recompile_limit", None)
+    wrap = getattr(convert_frame, "wrap_guarded_code", None)
+    guarded_code = getattr(torch._dynamo.types, "GuardedCode", None)
+    timed = torch._dynamo.utils.dynamo_timed
+    orig_code_map, output_codes = torch._dynamo.utils.orig_code_map, convert_frame.output_codes
+
+    def build(offer: Offer) -> Any:
+        if offer.failed is not None:
+            raise offer.failed
+        if offer.prepared.guards_state is None:
+            try:
+                with timed("precompile_load_guards"):
+                    offer.prepared.guards_state = load_guards(offer.stored, offer.scope)
+            except Exception as exc:  # the variant is never offered again in this process
+                offer.failed = exc
+                raise
+        try:
+            check_proofs(offer.proofs, offer.scope, offer.prepared.guards_state.output_graph.local_scope,
+                         functools.partial(bind_global, offer.package, offer.scope))
+        except Refused as exc:
+            note_stale(state.stale, offer, exc)
+            raise
+        if offer.prepared.manager is not None:
+            return offer.prepared.manager
+        return load_guard_manager(offer.prepared.guards_state, offer.code, offer.scope)
+
+    def reused(args: dict[str, Any], context: str | None) -> Any:
+        state.install_deferred(args["code"])
+        offers = state.offers.of(args["code"])
+        if not offers or args.get("export") or wrap is None or guarded_code is None:
+            return None
+        compile_id = args["compile_id"]
+        if exceeds is not None and exceeds(args["cache_size"], compile_id)[0]:
+            return None  # torch says so, as without the option
+        passed_over: list[Offer] = []
+        with timed("precompile_build_guards"):
+            found, refusal = take(offers, context, args["locals"], build, passed_over)
+        if found is None:
+            if refusal is not None:
+                state.refuse(*refusal)  # once per frame traced in place of a stored variant
+            state.retraced, replaced = superseded(passed_over, state.test)
+            state.superseded.update(replaced)  # not written again, unless taken elsewhere in this process
+            return None
+        offer, manager = found
+        state.taken.add(offer.digest)
+        state.count("dynamo_frames_reused")
+        # what torch notes of a frame it traced: its output code's origin (read where a later call of it recompiles)
+        # and the code to reset with Dynamo's caches
+        orig_code_map[offer.dynamo_code] = offer.code
+        output_codes.add(offer.dynamo_code)
+        return wrap(guarded_code(offer.dynamo_code, manager, compile_id, f"Torch-Compiled Region: {compile_id}"))
+
+    if "package" in signature.parameters:
+        _code_context_named(torch)
+
+    @functools.wraps(compile_fn)
+    def _compile(*args: Any, **kwargs: Any) -> Any:
+        context, outer = None, state.retraced  # outer: an enclosing compile's, put back when this one ends
+        state.retraced = False  # set by reused() for the frame traced next
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+            context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"])
+            result = reused(bound, context)
+        except Exception as exc:  # noqa: BLE001 - any failure: the frame is traced as without the option
+            state.refuse("torch_error", f"stored variants not offered: {type(exc).__name__}: {exc}")
+            result = None
+        if result is not None:
+            state.retraced = outer
+            return result
+        state.contexts.append(context)
+        try:
+            try:
+                return compile_fn(*args, **kwargs)
+            except _Unpackaged as exc:
+                # torch could not record the frame's code in the wrapper's entry, before anything was traced: the
+                # frame is compiled outside the entry, as without the option, and nothing of it is stored
+                state.refuse("torch_error", f"torch cannot record the frame's code: {exc}")
+                again = signature.bind(*args, **kwargs)
+                again.arguments["package"] = None
+                return compile_fn(*again.args, **again.kwargs)
+        finally:
+            state.contexts.pop()
+            state.retraced = outer
+
+    convert_frame._compile = _compile
+
+
+class _Unpackaged(Exception):
+    """torch failed to record a frame's code in the entry of the wrapper that compiles it."""
+
+
+class _Entered:
+    """torch's ``code_context`` of a package, whose failure to enter (before the frame is traced) is told apart."""
+
+    def __init__(self, context: Any, package_error: type[BaseException]) -> None:
+        self.context, self.package_error = context, package_error
+
+    def __enter__(self) -> Any:
+        try:
+            return self.context.__enter__()
+        except self.package_error as exc:
+            raise _Unpackaged(str(exc)) from exc
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        return self.context.__exit__(*exc_info)
+
+
+def _code_context_named(torch: Any) -> None:
+    """torch's ``CompilePackage.code_context`` made to raise :class:`_Unpackaged` where torch cannot record the code
+    it is entered for (a resume function compiled again under another wrapper than the one whose trace made it:
+    torch looks its qualified name up in its module, fails, and raises ``PackageError``, which failed the test);
+    nothing changed where torch has no such method."""
+    package_class: Any = getattr(getattr(torch._dynamo, "package", None), "CompilePackage", None)
+    code_context = getattr(package_class, "code_context", None)
+    package_error = getattr(torch._dynamo.exc, "PackageError", None)
+    if code_context is None or package_error is None:
+        return
+
+    @functools.wraps(code_context)
+    def code_context_named(self: Any, code: Any) -> Any:
+        return _Entered(code_context(self, code), package_error)
+
+    package_class.code_context = code_context_named

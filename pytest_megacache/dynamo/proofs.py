@@ -1,0 +1,149 @@
+"""What Dynamo reuse (:mod:`pytest_megacache.dynamo`) checks a stored entry against, without torch:
+
+- **Code.** :func:`source_id` is a compiled function's entry id: its module, path relative to the rootdir,
+  qualname, first line and code digest (:mod:`~pytest_megacache.dynamo.objects`).
+- **Identity guards.** :func:`prove` builds the proof stored for a guard on the identity of an object reached by a
+  path (:mod:`~pytest_megacache.dynamo.paths`) from the frame's globals
+  (:mod:`~pytest_megacache.dynamo.proof_globals`) or locals (:mod:`~pytest_megacache.dynamo.proof_locals`): what
+  that object was. :func:`pack_guards` stores the proofs with torch's guard state and :func:`unpack_guards` reads
+  them back; :func:`check_proofs` checks them against the objects the paths name when the entry is loaded.
+
+What cannot be proven, or no longer holds, raises :class:`Refused`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .objects import Refused, code_digest, describe, describe_member, find, function_of
+from .paths import parse_path, path_text, resolve, rooted_at
+from .proof_globals import check_global, prove_global
+from .proof_locals import check_local, prove_local
+
+__all__ = ["Refused", "check_proofs", "code_digest", "describe", "describe_member", "find", "function_of",
+           "guards_digest", "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "tag_of_test",
+           "unpack_guards"]
+
+_MAGIC = b"megacache-guards-3\n"
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
+_ID_PREFIX = b"pytest-megacache dynamo entry 3\0"
+
+
+def _relative_file(filename: str, rootdir: str) -> str:
+    try:
+        path = os.path.realpath(filename)
+        root = os.path.realpath(rootdir)
+        if rootdir and os.path.commonpath([path, root]) == root:
+            return os.path.relpath(path, root)
+    except ValueError:
+        pass
+    return ""  # outside the project: the module name stands for it (an absolute path differs between machines)
+
+
+def source_id(fn: Any, rootdir: str) -> str:
+    """The entry id of a compiled function (as torch's ``innermost_fn`` gives it): module, path relative to the
+    rootdir, qualname, first line, code."""
+    func = function_of(fn)
+    code = func.__code__
+    h = hashlib.sha256(_ID_PREFIX)
+    for part in (getattr(func, "__module__", "") or "", _relative_file(code.co_filename, rootdir),
+                 getattr(func, "__qualname__", code.co_name), str(code.co_firstlineno), code_digest(code)):
+        h.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
+# --- proofs for identity guards ---------------------------------------------------------------------------------
+def prove(name: str, obj: Any, scope: dict[str, Any], local_scope: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The proof stored for an identity guard on ``name`` (whose object is ``obj``), from the frame's globals
+    (``scope``) or locals; raises :class:`Refused`."""
+    steps = parse_path(name)
+    if steps is None:
+        raise Refused("unsupported_guard", f"an identity guard on {name}, a source no proof reads")
+    local = rooted_at(steps) == "local"
+    if local and local_scope is None:
+        raise Refused("unsupported_guard", f"an identity guard on {name}, without the frame's locals")
+    here = local_scope if local and local_scope is not None else scope
+    try:
+        reached = resolve(steps, here) is obj
+    except Exception:  # noqa: BLE001 - a path that does not resolve the same way cannot be proven
+        reached = False
+    if not reached:
+        raise Refused("unsupported_guard", f"an identity guard on {name} that its path does not reach")
+    return prove_local(name, steps, obj) if local else prove_global(name, steps, obj, scope)
+
+
+def prove_class(name: str, cls: type) -> dict[str, Any]:
+    """The proof stored for a guard on the type of ``name`` (``TYPE_MATCH``): torch rebuilds it on the class its
+    module and qualname name at load, which must have the same definition (an edited or ``monkeypatch``-ed method
+    refuses it)."""
+    if not cls.__flags__ & _HEAP_TYPE:
+        return {}  # a class defined in C (``dict``, ``mappingproxy``): fixed by the build, which is in the key
+    what = describe(cls)
+    if what is None or find(what) is not cls:
+        raise Refused("unsupported_guard", f"a guard on the type of {name}, {cls.__qualname__}, which has no name")
+    return {"class": what}
+
+
+def check_proofs(proofs: list[dict[str, Any]], scope: dict[str, Any], local_scope: dict[str, Any] | None = None,
+                 bind: Callable[[str, Any], None] | None = None) -> None:
+    """Raises :class:`Refused` unless every proof's path names an object described as stored: from the module's
+    globals (``scope``; ``bind`` puts a global of the tracing process back) or the locals torch loaded."""
+    for proof in proofs:
+        if "class" in proof:
+            if find([str(part) for part in proof["class"]]) is None:
+                raise Refused("class_changed", f"{'.'.join(proof['class'][1:3])} is not the class traced")
+            continue
+        steps = [(str(kind), str(name)) for kind, name in proof["path"]]
+        if rooted_at(steps) == "global":
+            check_global(proof, steps, scope, bind)
+        elif local_scope is None:
+            raise Refused("local_changed", f"{path_text(steps)}: the locals were not loaded")
+        else:
+            check_local(proof, steps, local_scope)
+
+
+def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes, test: str = "",
+                retraced: bool = False) -> bytes:
+    """torch's guard state with the proofs of its identity guards, the digest of the context it was compiled in
+    (:func:`pytest_megacache.dynamo.context.compile_context`), the tag of the test it was traced in
+    (:func:`tag_of_test`; empty outside a test) and whether it was traced in place of a stored variant of that test that
+    was passed over (``retraced``: :func:`pytest_megacache.dynamo.offers.superseded`)."""
+    fields: dict[str, Any] = {"proofs": proofs, "context": context, **({"test": test} if test else {}),
+                              **({"retraced": True} if retraced else {})}
+    header = json.dumps(fields, separators=(",", ":")).encode()
+    return _MAGIC + len(header).to_bytes(8, "big") + header + guards_state
+
+
+def guards_digest(data: bytes) -> str:
+    """The digest of a variant's stored guards as :func:`pack_guards` wrote them: proofs, context and torch's guard
+    state, so one variant has one digest wherever it is named (an offer, the merge's variants to leave out)."""
+    return hashlib.sha256(bytes(data)).hexdigest()
+
+
+def tag_of_test(nodeid: str) -> str:
+    """What a stored variant keeps of the test it was traced in: a digest of its id (an id may carry a parameter's
+    value)."""
+    return hashlib.sha256(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes, tuple[str, bool]]:
+    """The proofs, the compile context, torch's guard state and where the variant was traced: the tag of its test
+    ("" where none was recorded) and whether it was traced in place of a variant of that test passed over there;
+    raises :class:`Refused` for guards stored without proofs."""
+    if not isinstance(data, (bytes, bytearray)) or not bytes(data[:len(_MAGIC)]) == _MAGIC:
+        raise Refused("unsupported_guard", "guards stored without the plugin's proofs")
+    start = len(_MAGIC) + 8
+    size = int.from_bytes(data[len(_MAGIC):start], "big")
+    header = json.loads(bytes(data[start:start + size]))
+    proofs = header.get("proofs") if isinstance(header, dict) else None
+    context = header.get("context") if isinstance(header, dict) else None
+    if not isinstance(proofs, list) or not isinstance(context, str) or not all(
+            isinstance(p, dict) and (("path" in p and "is" in p) or "class" in p) for p in proofs):
+        raise Refused("unsupported_guard", "malformed proofs")
+    test = header.get("test", "")
+    origin = (test if isinstance(test, str) else "", header.get("retraced") is True)
+    return proofs, context, bytes(data[start + size:]), origin
