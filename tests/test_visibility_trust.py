@@ -77,7 +77,7 @@ def test_signed_objects_round_trip_and_unsigned_ones_are_refused(pytester: pytes
 def test_restored_but_unloadable_blames_the_load_not_the_settings(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """Objects were restored, torch refused to load them, and hit none: the one warning says the load failed
     (it used to blame settings). The "same tests, no hit" warning naming likely causes is for objects torch
-    did load (tests/test_deadlines.py)."""
+    did load (tests/stores/test_deadlines.py)."""
     from pytest_megacache.fingerprint import compute
 
     store = tmp_path / "store"

@@ -59,7 +59,7 @@ ISA_ENV = "MEGACACHE_ISA_REUSE"
 MAX_CHILD_WAIT = 900  # seconds: the longest any child waits, whatever the variable says
 POLL = 0.02  # seconds between looks at the ready file
 
-# The one line of pytest_megacache_children.pth (tests/test_childhook.py checks the file and the installed copy).
+# The one line of pytest_megacache_children.pth (tests/children/test_childhook.py checks the file and the installed copy).
 # site runs lines that start with "import" and prints a traceback into the child's stderr for any Exception they
 # raise: the import of the package (missing, another version of it first on the path) is inside a try. Python 3.11
 # runs a venv's .pth files twice (site.venv() and site.main() both add site-packages): start() arms once.

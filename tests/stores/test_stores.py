@@ -20,7 +20,7 @@ from pytest_megacache.errors import StoreError
 from pytest_megacache.layout import valid_object_name
 from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store
 
-from .conftest import S3Server, free_port
+from ..conftest import S3Server, free_port
 
 FOLDER = "pytest-megacache/torch-2.13.0/cpu-avx2-t4/py3.11-linux-x86_64/0123456789ab"
 

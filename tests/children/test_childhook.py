@@ -36,9 +36,9 @@ from pytest_megacache.children import hook as childhook
 from pytest_megacache.children.hook import MAX_FILES, MAX_RECORD_BYTES, SPOOL_ENV, ChildRecord, read_spool
 from pytest_megacache.torch_adapter import COUNTER_NAMES
 
-from .conftest import removed_unless_failed
+from ..conftest import removed_unless_failed
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PTH_NAME = "pytest_megacache_children.pth"
 ALL_COUNTERS = sorted(name for names in COUNTER_NAMES.values() for name in names)
 RECORD_KEYS = {"v", "pid", "ppid", "rank", "local_rank", "world_size", "compiled", "compiles", "graphs",
@@ -1026,7 +1026,7 @@ def test_a_session_reads_its_childrens_records_and_removes_its_spool(pytester: p
                                                                      garbage: bool) -> None:
     """The parent never imports torch here, and its child fakes torch's counters without importing torch (so it never
     asks for the cache): the summary says the child compiled and that nothing was restored or stored for it; a
-    garbled record is one problem. (Children that import torch: tests/test_children.py, tests/test_child_wait.py.)"""
+    garbled record is one problem. (Children that import torch: tests/children/test_children.py, tests/children/test_child_wait.py.)"""
     (tmp_path / "kidlib.py").write_text(KIDLIB)
     pytester.makepyfile(test_kids=SESSION_TESTS)
     seen = tmp_path / "seen"

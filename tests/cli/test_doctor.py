@@ -25,12 +25,12 @@ from pytest_megacache.fingerprint import Fingerprint, TorchUnavailable, compute
 from pytest_megacache.report import human_bytes
 from pytest_megacache.stores import LocalDirStore, S3Store, Store
 
-from .conftest import S3Server, free_port
-from .faultproxy import FaultProxy
+from ..conftest import S3Server, free_port
+from ..faultproxy import FaultProxy
 
 PREFIX = "pytest-megacache"
 SCOPES = ["--megacache-scope", "main", "--megacache-default-scope", "main"]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("torch", "triton", "fingerprint", "settings", "credentials", "bucket", "directory", "list", "write",
          "signing key", "restore", "store")
 LINE = re.compile(rf"(ok|warn|FAIL) +({'|'.join(NAMES)}) +(\S.*)")

@@ -373,7 +373,7 @@ def triton_figures(report: dict[str, Any] | None) -> dict[str, Any]:
 @pytest.mark.torch
 def test_a_warm_session_reports_every_triton_kernel_loaded_and_none_compiled(pytester: pytest.Pytester,
                                                                              triton_env: dict[str, str]) -> None:
-    from .helpers_torch import COUNTERS_CONFTEST, TorchProject
+    from ..helpers_torch import COUNTERS_CONFTEST, TorchProject
 
     project = TorchProject(pytester, env=triton_env, tests=triton_tests(3))
     pytester.makeconftest(COUNTERS_CONFTEST + USER_LISTENER_CONFTEST)
@@ -401,7 +401,7 @@ def test_a_warm_session_reports_every_triton_kernel_loaded_and_none_compiled(pyt
 def test_xdist_workers_triton_figures_are_merged_at_the_controller(pytester: pytest.Pytester,
                                                                    triton_env: dict[str, str]) -> None:
     pytest.importorskip("xdist")
-    from .helpers_torch import TorchProject
+    from ..helpers_torch import TorchProject
 
     # No Triton in the conftest: each worker's tests import it after the plugin started (the import hook chains).
     project = TorchProject(pytester, env=triton_env, tests=triton_tests(4))

@@ -20,7 +20,7 @@ from pytest_megacache.settings import Settings
 from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store, from_settings
 from pytest_megacache.stores.deadline import Deadline, bounded, bounded_map
 
-from .test_core import FOLDER, FP, KEY_A, KEY_B, FakeTorch, run, session, stored_keys
+from ..test_core import FOLDER, FP, KEY_A, KEY_B, FakeTorch, run, session, stored_keys
 
 
 def test_bounded_gives_up_at_the_deadline_and_leaves_a_daemon_behind() -> None:
@@ -290,7 +290,7 @@ def test_one_artifact_with_an_unsafe_key_is_left_out_and_named(tmp_path: Path) -
             good = super().save()
             assert good is not None
             # torchfmt.serialize refuses unsafe keys, so the odd one is spliced into a container by hand.
-            from .test_torchfmt import VERSION, seal, section
+            from ..test_torchfmt import VERSION, seal, section
             return seal(VERSION + section("inductor", [(KEY_A, b"graph a"), ("../../escape", b"x")]))
 
     s, _ = run(MemoryStore(), tmp_path, "odd", [KEY_A])

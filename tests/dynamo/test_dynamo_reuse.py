@@ -18,8 +18,8 @@ import pytest
 
 from pytest_megacache import dynamo as dynamo_reuse
 
-from .conftest import removed_unless_failed
-from .helpers_torch import Run, TorchProject, skip_without_torch
+from ..conftest import removed_unless_failed
+from ..helpers_torch import Run, TorchProject, skip_without_torch
 
 skip_without_torch()
 pytestmark = pytest.mark.torch
@@ -917,7 +917,7 @@ def test_a_loaded_entrys_backends_are_recorded_once_per_process(tmp_path: Path) 
 
     script = tmp_path / "recorded_once.py"
     script.write_text(RECORDED_ONCE)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "checked", done.stderr[-2000:]

@@ -21,8 +21,8 @@ import pytest
 
 from pytest_megacache import bundle as bundlemod
 
-from .conftest import S3Server
-from .helpers_torch import TorchProject, skip_without_torch
+from ..conftest import S3Server
+from ..helpers_torch import TorchProject, skip_without_torch
 
 skip_without_torch()
 pytest.importorskip("xdist")

@@ -25,9 +25,9 @@ from pytest_megacache.files import FileRoot
 from pytest_megacache.report import _restore_lines, _upload_lines
 from pytest_megacache.stores import LocalDirStore, MemoryStore, Store
 
-from .conftest import fake_elf
-from .test_compaction import finish_together
-from .test_core import FOLDER, FP, FakeTorch
+from ..conftest import fake_elf
+from ..test_compaction import finish_together
+from ..test_core import FOLDER, FP, FakeTorch
 
 K = 4  # shards of one suite
 WAIT = 30.0

@@ -23,9 +23,9 @@ from pytest_megacache.report.stats import PHASES, LoadStats, ProcessTimes, Resto
 from pytest_megacache.stores import MemoryStore
 from pytest_megacache.torch_adapter import TorchAdapter
 
-from .conftest import load_benchmark
+from ..conftest import load_benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the process's start time comes from /proc")

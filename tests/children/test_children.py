@@ -17,7 +17,7 @@ import pytest
 
 from pytest_megacache import bundle as bundlemod
 
-from .helpers_torch import Run, TorchProject, skip_without_torch
+from ..helpers_torch import Run, TorchProject, skip_without_torch
 
 skip_without_torch()
 pytestmark = pytest.mark.torch

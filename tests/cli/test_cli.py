@@ -23,13 +23,13 @@ from pytest_megacache.fingerprint import TorchUnavailable
 from pytest_megacache.report import human_bytes
 from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store
 
-from .conftest import S3Server, free_port
-from .test_bundle import build_hostile
+from ..bundle.test_bundle import build_hostile
+from ..conftest import S3Server, free_port
 
 PREFIX = "pytest-megacache"
 FP_A = "torch-2.13.0+cpu/cpu-avx2-t2/py3.11-linux-x86_64/0123456789ab"
 FP_B = "torch-2.12.0+cpu/cpu-avx2-t2/py3.11-linux-x86_64/ba9876543210"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DAY = 86400.0
 
 
