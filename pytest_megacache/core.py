@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from . import bundle as bundlemod
@@ -60,7 +59,7 @@ class CacheSession:
         restore_timeout: float = 120.0,
         upload_timeout: float = 60.0,
         diagnosis: Diagnosis | None = None,
-        stage_dir: Path | None = None,
+        stage: Callable[[Entries, str, bool, list[str]], None] | None = None,
         on_settled: Callable[[], None] | None = None,
     ) -> None:
         self._store_factory = store_factory
@@ -79,7 +78,7 @@ class CacheSession:
         self.restore_timeout = restore_timeout
         self.upload_timeout = upload_timeout
         self.diagnosis = diagnosis
-        self.stage_dir = stage_dir  # an xdist controller's: where the restore is staged for its workers
+        self.stage = stage  # an xdist controller's: stages the restore for its workers (entries, fingerprint, ok, selections)
         self.on_settled = on_settled  # called once the restore has settled (done or given up): children may go on
         self.problems: list[str] = []
         self.notes: list[str] = []  # said once in the summary; not problems

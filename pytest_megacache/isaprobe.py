@@ -354,7 +354,7 @@ def arm(on_problem: Callable[[str], None]) -> Any:
 
 def _when_imported(after: Any) -> Any:
     """Runs ``after`` on torch's vector-ISA module now if it is imported, else once it is (the hook, to remove)."""
-    from .children import PostImportHook
+    from .importhook import PostImportHook
 
     if MODULE in sys.modules:
         after(sys.modules[MODULE])

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from . import bundle as bundlemod
@@ -78,7 +77,7 @@ class Owner(Protocol):
     reads: bool
     restore_timeout: float
     diagnosis: Diagnosis | None
-    stage_dir: Path | None
+    stage: Callable[[Entries, str, bool, list[str]], None] | None
     on_settled: Callable[[], None] | None
     scratch: Scratch
 
@@ -206,13 +205,10 @@ class Restore:
 
     def _stage(self) -> None:
         """For an xdist controller: what was restored, staged for the workers before anyone may use it."""
-        if self.owner.stage_dir is None:
+        if self.owner.stage is None:
             return
-        from .xdist import stage
-
         try:
-            stage(self.owner.stage_dir, self.restored, self.owner.fingerprint, self.stats.ok,
-                  sorted(producer_selections(self.headers)))
+            self.owner.stage(self.restored, self.owner.fingerprint, self.stats.ok, sorted(producer_selections(self.headers)))
         except Exception as exc:  # noqa: BLE001
             self.owner.problem(f"staging the restore for the xdist workers: {type(exc).__name__}: {redact_cut(str(exc))}")
 

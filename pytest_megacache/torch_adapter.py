@@ -20,8 +20,8 @@ from types import ModuleType
 from typing import Any
 
 from . import dynamo, torchfmt
-from .children import PostImportHook as PostImportHook  # re-exported: the roles and report.triton import it here
 from .errors import BundleError, redact_cut
+from .importhook import PostImportHook as PostImportHook  # re-exported: the roles and report.triton import it here
 
 COUNTER_NAMES = {
     "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),

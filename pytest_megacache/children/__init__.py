@@ -1,9 +1,8 @@
-"""Child processes: what every process of a session arms before torch is imported, and what it reports at exit.
+"""Child processes: what a child process of a session arms at its start, and the record it writes at exit.
+This module, the family's front door, is the start; :mod:`.hook` writes the record and reads the spool.
 
-The family's front door. This module is what a child arms at its start (the exit handler and the restore wait);
-:mod:`.hook` writes the record at exit and reads the spool, :mod:`.importhook` calls back once a module is imported.
-The rest of the package takes :class:`Spool`, :class:`RestoreSignal`, :func:`disarm` and :class:`PostImportHook`
-from here: each is imported when first asked for, so that a child's start imports nothing more.
+The rest of the package takes :class:`Spool`, :class:`RestoreSignal` and :func:`disarm` from here: they are imported
+when first asked for, so that a child's start imports nothing more.
 
 The package installs ``pytest_megacache_children.pth`` into site-packages; its one line (:data:`PTH_LINE`) runs at
 every interpreter start, looks up :data:`SPOOL_ENV` and does nothing else when it is absent. When the plugin has set
@@ -38,11 +37,10 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from .hook import RestoreSignal, Spool, disarm
-    from .importhook import PostImportHook
 
 __all__ = [
     "ISA_ENV", "MAX_CHILD_WAIT", "PTH_LINE", "READY_ENV", "SPOOL_ENV", "WAIT_ENV", "WANTED_SUFFIX", "MegacacheRestoreWait",
-    "PostImportHook", "RestoreSignal", "Spool", "disarm", "start",
+    "RestoreSignal", "Spool", "disarm", "start",
 ]
 
 SPOOL_ENV = "MEGACACHE_CHILD_SPOOL"
@@ -76,10 +74,6 @@ def __getattr__(name: str) -> object:
         from . import hook
 
         return getattr(hook, name)
-    if name == "PostImportHook":
-        from .importhook import PostImportHook
-
-        return PostImportHook
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

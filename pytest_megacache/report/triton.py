@@ -24,13 +24,26 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..torch_adapter import PostImportHook
 from .stats import TritonStats
 
 if TYPE_CHECKING:
-    from ..core import CacheSession
+    from ..bundle import Entries
+    from ..files import FileRoot
+
+
+class Compiled(Protocol):
+    """What :func:`figures` reads of a session (:class:`pytest_megacache.core.CacheSession`): its file roots, their
+    files before the tests, and what it restored."""
+
+    @property
+    def roots(self) -> list[FileRoot]: ...
+    @property
+    def before(self) -> dict[str, set[str]]: ...
+    @property
+    def restored(self) -> Entries: ...
 
 _GROUP_FILE = re.compile(r"__grp__.+\.json")
 
@@ -133,7 +146,7 @@ class TritonWatch:
             return dict(self.events)
 
 
-def figures(watch: TritonWatch, session: CacheSession) -> TritonStats | None:
+def figures(watch: TritonWatch, session: Compiled) -> TritonStats | None:
     """The session's Triton figures for this process, or None when there is nothing to tell (no Triton kernel
     loaded, compiled or restored). Hits only where the listener saw every compile of this process."""
     from ..files import FileRoot

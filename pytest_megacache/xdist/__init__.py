@@ -5,11 +5,12 @@ The :class:`Controller` runs no tests: it restores once and stages the result fo
 workers, takes over what each worker hands back, merges it and uploads once; a :class:`Worker` loads what the
 controller staged and hands what it compiled back. They delegate to :mod:`.staging` (stage, hand over, take
 over), imported only once a session imports torch; what crosses between processes is plain data (``workerinput`` /
-``workeroutput``). The restore stages through :func:`stage`, which imports :mod:`.staging` when first used.
+``workeroutput``); the controller's restore stages through the function it is handed (:func:`.staging.stage`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from dataclasses import asdict
@@ -26,18 +27,9 @@ from ..roles import Role
 
 if TYPE_CHECKING:
     from ..core import CacheSession
-    from .staging import Takeover, stage
+    from .staging import Takeover
 
-__all__ = ["Controller", "Worker", "stage"]
-
-
-def __getattr__(name: str) -> object:
-    # The staging (bundle and zstandard with it) is imported once a session restores, not with the plugin.
-    if name == "stage":
-        from .staging import stage
-
-        return stage
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["Controller", "Worker"]
 
 
 class Worker(Compiling):
@@ -129,7 +121,7 @@ class Controller(Role):
         with self.contained("starting the restore"):
             self.stage_dir = staging.make_stage_dir()
             # No roots: workers restore files into their own directories.
-            self.session = self.new_session(roots=[], stage_dir=self.stage_dir)
+            self.session = self.new_session(roots=[], stage=functools.partial(staging.stage, self.stage_dir))
             self.session.start_restore()
         self.strict_wait()
 

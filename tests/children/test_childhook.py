@@ -1026,7 +1026,8 @@ def test_a_session_reads_its_childrens_records_and_removes_its_spool(pytester: p
                                                                      garbage: bool) -> None:
     """The parent never imports torch here, and its child fakes torch's counters without importing torch (so it never
     asks for the cache): the summary says the child compiled and that nothing was restored or stored for it; a
-    garbled record is one problem. (Children that import torch: tests/children/test_children.py, tests/children/test_child_wait.py.)"""
+    garbled record is one problem. (Children that import torch: test_children.py and test_child_wait.py, beside
+    this file.)"""
     (tmp_path / "kidlib.py").write_text(KIDLIB)
     pytester.makepyfile(test_kids=SESSION_TESTS)
     seen = tmp_path / "seen"

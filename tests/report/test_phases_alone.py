@@ -66,7 +66,7 @@ class Owner:
     reads: bool = True
     restore_timeout: float = 30.0
     diagnosis: None = None
-    stage_dir: None = None
+    stage: None = None
     on_settled: None = None
     scratch: Scratch = field(default_factory=Scratch)
     problems: list[str] = field(default_factory=list)
