@@ -28,9 +28,8 @@ bytecode, its guards and the compiled graphs. As torch ships it, it is not safe 
    out of the store; it compiles as usual.
 3. **Offered where Dynamo would trace, under the same compile.** A loaded entry's variants are not installed on the
    code when a function is wrapped (torch would run them under any wrapper's backend): each is an offer
-   (:mod:`pytest_megacache.dynamo.offers`), taken where Dynamo is about to trace a frame of that code, only under the
-   compile context it was stored with (:mod:`pytest_megacache.dynamo.context`: backend, mode, ``fullgraph``,
-   compile settings).
+   (:mod:`.offers`), taken where Dynamo is about to trace a frame of that code, only under the compile context it
+   was stored with (:mod:`.context`: backend, mode, ``fullgraph``, compile settings).
 4. **Per frame, fail open.** Whatever fails while storing or loading one frame (an unpicklable object, a class in
    local scope, a missing or run-time generated module, a source change, torch's own errors) costs that frame only:
    it is traced exactly as without the option, and counted.
@@ -53,7 +52,7 @@ from typing import Any
 from . import repairs
 from .backends import backends_recorded_once, eager_graphs_stored, wrapped_after_backend
 from .context import innermost_backend
-from .effects import code_key, failed_load_contained, watch_warnings
+from .effects import bookkeeping_quiet, code_key, failed_load_contained, watch_warnings
 from .merge import enterable_codes, entry_signature, packages_merged, stored_code
 from .offers import Offer, Offers, offer_where_traced
 from .proofs import (
@@ -201,6 +200,7 @@ def install(rootdir: str) -> str | None:
     _wrap(state, torch, package, guards, bytecode_transformation)
     dynamo_config.caching_precompile = True
     _STATE = state
+    bookkeeping_quiet()
     return None
 
 

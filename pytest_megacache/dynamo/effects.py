@@ -7,6 +7,10 @@
   names it).
 - **A stored entry torch fails to load.** :func:`failed_load_contained` counts it as refused and keeps torch's log
   record and its objects' unraisable exceptions from the session.
+- **torch's warnings about caching precompile's own bookkeeping** ("Backend not found" where a variant's compiled
+  graph was not stored, "Detected a package bypass" where a frame is not stored): a session without the plugin never
+  turns caching precompile on, so never prints them. :func:`bookkeeping_quiet` keeps them from the session; the
+  report counts what they say (refused frames and variants, by reason).
 """
 
 from __future__ import annotations
@@ -134,6 +138,30 @@ def failed_load_contained(state: ReuseState) -> Iterator[None]:
 
 
 _LOAD_LOCK = threading.RLock()
+
+# The logger and the start of each warning torch logs about caching precompile's own bookkeeping.
+BOOKKEEPING = (("torch._dynamo.package", "Backend not found"), ("torch._dynamo.output_graph", "Detected a package bypass"))
+
+
+class _Bookkeeping(logging.Filter):
+    """Drops the records of one logger whose message starts with ``start`` (torch's message, before its arguments)."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+def bookkeeping_quiet() -> None:
+    """Keeps torch's warnings about caching precompile's bookkeeping (:data:`BOOKKEEPING`) from the session's handlers
+    and from pytest's log capture: a filter on each logger, once per process. Every other record of those loggers
+    goes on as before."""
+    for name, start in BOOKKEEPING:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Bookkeeping) and f.start == start for f in logger.filters):
+            logger.addFilter(_Bookkeeping(start))
 
 
 def _of_torch(obj: object) -> bool:

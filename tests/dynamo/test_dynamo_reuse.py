@@ -860,9 +860,17 @@ class TestDynamoReuse:
         assert _counters(warm)["dynamo_refused_missing_module"] >= 1
 
     def test_the_report_says_what_was_reused_and_refused(self, reuse_chain: ReuseChain) -> None:
+        """The report counts it, and torch prints nothing of its own about it: its warnings about caching
+        precompile's bookkeeping (a frame not stored, a variant whose graph was not) never show in a session
+        without the plugin."""
         warm = reuse_chain.runs["warm"]
         [line] = [line for line in warm.result.outlines if "Dynamo reuse" in line]
         assert "frames reused" in line and "code changed" in line and "global changed" in line, line
+        assert _counters(reuse_chain.runs["cold"])["dynamo_refused_no_backend"] >= 1  # torch warns of it when it stores
+        for name, run in reuse_chain.runs.items():
+            printed = [line for line in run.result.outlines + run.result.errlines
+                       if "Backend not found" in line or "Detected a package bypass" in line]
+            assert printed == [], (name, printed)
 
     def test_an_entry_torch_fails_to_load_is_refused_contained_and_replaced(self, reuse_chain: ReuseChain) -> None:
         """An entry cut short inside a valid object: torch's loader fails on it and the frame is traced. It counts as

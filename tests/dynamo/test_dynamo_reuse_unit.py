@@ -861,3 +861,38 @@ def test_the_numbering_moves_past_every_installed_name_whatever_numbers_its_pref
         setattr(module, name, None)
     dynamo_repairs.numbering_past(counter, [module])
     assert next(counter._unique_id_counter) == 1686
+
+
+def test_torchs_warnings_about_caching_precompiles_bookkeeping_are_kept_from_the_session() -> None:
+    """torch's "Backend not found" and "Detected a package bypass" warnings (a session without the plugin never turns
+    caching precompile on, so never logs them) reach no handler; their loggers' other records do, as before."""
+    import logging
+
+    from pytest_megacache.dynamo import effects
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(f"{record.name}: {record.getMessage()}")
+
+    loggers = [logging.getLogger(name) for name, _start in effects.BOOKKEEPING]
+    handler = Keep()
+    filters_before = [list(logger.filters) for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        effects.bookkeeping_quiet()
+        effects.bookkeeping_quiet()  # once per process: a second call adds nothing
+        assert [len(logger.filters) - len(before) for logger, before in zip(loggers, filters_before, strict=True)] == [1, 1]
+        package, output_graph = loggers
+        package.warning("Backend not found")
+        output_graph.warning("Detected a package bypass: %s", "a guard that cannot be serialized")
+        package.warning("Backend not found for %s", "another start")  # the same start: dropped too
+        package.warning("Failed to load package")  # another record of the same logger
+        output_graph.warning("Backend not found")  # the other logger's message, not this one's
+        assert seen == ["torch._dynamo.package: Failed to load package", "torch._dynamo.output_graph: Backend not found"]
+    finally:
+        for logger, before in zip(loggers, filters_before, strict=True):
+            logger.removeHandler(handler)
+            logger.filters[:] = before
