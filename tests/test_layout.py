@@ -23,7 +23,7 @@ from pytest_megacache.layout import (
 
 PREFIX = "pytest-megacache"
 KEY = "torch-2.13.0+cpu/cpu-avx2-t2/py3.11-linux-x86_64/0123456789ab"
-GPU_KEY = "torch-2.11.0+cu130/cuda13.0-nvidia-h100-80gb-hbm3-sm90/py3.11-linux-x86_64/8c1d2e3f4a5b"
+GPU_KEY = "torch-2.11.0+cu130/cuda13.0-nvidia-h100-80gb-hbm3/py3.11-linux-x86_64/8c1d2e3f4a5b"
 NAME = "20250101T000000123-42-0123456789ab.mcb"
 
 GOOD_SCOPES = ["main", "feature+x", "pr-42", "tag-v1.2", "release-1.2_rc+3", "a..b", "_", "+x", "s" * SCOPE_MAX]
