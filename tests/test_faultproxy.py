@@ -182,7 +182,7 @@ def test_blackhole_times_out_and_stop_is_prompt(s3_server: S3Server, bucket: str
             time.sleep(0.2)
             started = time.monotonic()
             proxy.stop()
-            assert time.monotonic() - started < 1.0
+            assert time.monotonic() - started < 5  # it joins for 0.8 s at most; a hang would be the open request's
             raw.settimeout(1)
             try:
                 assert raw.recv(100) == b""  # the proxy closed its side, and never answered
@@ -201,7 +201,7 @@ def test_stop_with_open_trickles_is_prompt(s3_server: S3Server, bucket: str) -> 
 
     started = time.monotonic()
     proxy.stop()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5  # it joins for 0.8 s at most; a trickle runs 100 s
     proxy.stop()  # again: a no-op
     _assert_nothing_left()
     for body in bodies:  # the trickles were cut off: reads end at once, with an error
@@ -209,4 +209,4 @@ def test_stop_with_open_trickles_is_prompt(s3_server: S3Server, bucket: str) -> 
         with pytest.raises(ResponseStreamingError, match="IncompleteRead"):
             body.read()
         body.close()
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 10  # a trickle left running would take 100 s

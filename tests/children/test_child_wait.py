@@ -66,7 +66,7 @@ def test_a_child_that_does_not_import_torch_never_waits_nor_asks(fake_torch: Pat
     ready = tmp_path / "never"
     env = {SPOOL_ENV: str(tmp_path), READY_ENV: str(ready), WAIT_ENV: "30"}
     start = time.monotonic()
-    assert run_child(fake_torch, env, module="other") < 0.5
+    assert run_child(fake_torch, env, module="other") < 10  # a wait would be the 30 s limit
     assert time.monotonic() - start < 10
     assert not Path(str(ready) + WANTED_SUFFIX).exists()
 
@@ -75,9 +75,9 @@ def test_the_wait_ends_at_its_limit(fake_torch: Path, tmp_path: Path) -> None:
     env = {SPOOL_ENV: str(tmp_path), READY_ENV: str(tmp_path / "never"), WAIT_ENV: "1"}
     waited = run_child(fake_torch, env)
     assert 0.8 <= waited < 5, waited
-    assert run_child(fake_torch, {**env, WAIT_ENV: "0"}) < 0.5
+    assert run_child(fake_torch, {**env, WAIT_ENV: "0"}) < 10  # no limit would be the 60 s timeout here
     garbled = {**env, WAIT_ENV: "soon"}  # the .pth line never raises: no wait, the child goes on
-    assert run_child(fake_torch, garbled) < 0.5
+    assert run_child(fake_torch, garbled) < 10
 
 
 def test_the_wait_is_off_the_meta_path_before_torch_runs(fake_torch: Path, tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_the_wait_is_off_the_meta_path_before_torch_runs(fake_torch: Path, tmp_p
 
 def test_without_a_spool_the_line_is_inert(fake_torch: Path, tmp_path: Path) -> None:
     env = {READY_ENV: str(tmp_path / "never"), WAIT_ENV: "30"}
-    assert run_child(fake_torch, env) < 0.5
+    assert run_child(fake_torch, env) < 10  # a wait would be the 30 s limit
     assert not (tmp_path / ("never" + WANTED_SUFFIX)).exists()
 
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import pickle
+import subprocess
 import sys
 import types
 from typing import Any
@@ -57,13 +58,30 @@ def test_nested_code_is_compared_recursively() -> None:
     assert dp.code_digest(a.__code__) != dp.code_digest(b.__code__)
 
 
-def test_a_frozenset_constant_is_digested_in_a_fixed_order() -> None:
-    """``x in {"a", "b"}`` compiles to a frozenset constant whose iteration order follows the hash seed."""
-    code = _function("def f(x):\n    return x in {'alpha', 'beta', 'gamma', 'delta'}\n").__code__
-    [const] = [c for c in code.co_consts if isinstance(c, frozenset)]
-    reordered = code.replace(co_consts=tuple(frozenset(sorted(const, reverse=True)) if c is const else c
-                                             for c in code.co_consts))
-    assert dp.code_digest(code) == dp.code_digest(reordered)
+_HASH_ORDERED = """
+import json
+from pytest_megacache.dynamo import context, proofs
+namespace = {}
+exec(compile("def f(x):\\n    return x in {'alpha', 'beta', 'gamma', 'delta'}\\n", "calc.py", "exec"), namespace)
+code = namespace["f"].__code__
+[constant] = [c for c in code.co_consts if isinstance(c, frozenset)]
+words = {"b", "a", "c"}
+print(json.dumps({"constant": list(constant), "digest": proofs.code_digest(code), "words": list(words),
+                  "canonical": context.canonical(words)}))
+"""
+
+
+def test_what_hashing_orders_is_digested_in_one_order_in_every_interpreter() -> None:
+    """``x in {"a", "b"}`` compiles to a frozenset constant, and a compile setting can be a set: their iteration order
+    follows the interpreter's hash seed. Two interpreters whose seeds iterate them differently digest them alike."""
+    seen = []
+    for seed in ("1", "2"):  # seeds under which both iterate in other orders (checked below)
+        out = subprocess.run([sys.executable, "-c", _HASH_ORDERED], env={**os.environ, "PYTHONHASHSEED": seed},
+                             capture_output=True, text=True, timeout=120, check=True)
+        seen.append(json.loads(out.stdout))
+    one, two = seen
+    assert one["constant"] != two["constant"] and one["words"] != two["words"]  # the orders do differ
+    assert one["digest"] == two["digest"] and one["canonical"] == two["canonical"] == "{'a','b','c'}"
 
 
 def test_entry_ids_differ_by_module_path_and_code_but_not_by_checkout_place(tmp_path: Any) -> None:
