@@ -25,6 +25,11 @@ request and on the response relayed back, so the mode is read afresh for every r
 ``"trickle-put"``
     PUT requests are forwarded (so the object IS stored), and the upstream's whole response, head
     included, reaches the client at ``trickle_bytes_per_second``. Other requests pass through.
+``"lose-put-response"``
+    PUT requests are forwarded (so the object IS stored); where the upstream answers 2xx, that answer never
+    reaches the client, which is reset instead (a TCP RST, as ``"reset-put"``): a PUT that landed and whose response
+    was lost. botocore retries it; any other answer (412 to a conditional retry) is relayed. Other requests pass
+    through.
 ``"blackhole"``
     Accept the connection, read whatever arrives, never answer (until the client leaves or ``stop()``).
 
@@ -209,7 +214,7 @@ def _is_object_get(method: str, path_query: str) -> bool:
 def _applies(mode: str | None, method: str, path_query: str) -> bool:
     if mode in ("503", "blackhole"):
         return True
-    if mode in ("reset-put", "trickle-put"):
+    if mode in ("reset-put", "trickle-put", "lose-put-response"):
         return method == "PUT"
     if mode == "trickle-get":
         return _is_object_get(method, path_query)
@@ -219,7 +224,7 @@ def _applies(mode: str | None, method: str, path_query: str) -> bool:
 class FaultProxy:
     """A threaded HTTP/1.1 proxy on 127.0.0.1 that injects the failure named by ``mode`` (see the module)."""
 
-    MODES = (None, "503", "reset-put", "trickle-get", "trickle-put", "blackhole")
+    MODES = (None, "503", "reset-put", "trickle-get", "trickle-put", "lose-put-response", "blackhole")
 
     def __init__(self, upstream: str, *, trickle_bytes_per_second: float = 1.0) -> None:
         parts = urlsplit(upstream)
@@ -379,6 +384,12 @@ class FaultProxy:
                 if not (100 <= status < 200 and status != 101):
                     break  # interim responses (100 Continue) are the proxy's own business
             framing, length = _response_framing(method, status, response)
+            if applied == "lose-put-response" and 200 <= status < 300:
+                b"".join(_body(up_reader, framing, length))  # the object is stored; its answer goes nowhere
+                self._untrack_close(upstream)
+                with contextlib.suppress(OSError):
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
             if applied == "trickle-put":
                 data = response.encode() + b"".join(_body(up_reader, framing, length))
                 self._untrack_close(upstream)

@@ -10,6 +10,7 @@ in and on the way out of a listing.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import secrets
@@ -433,7 +434,8 @@ class S3Store:
     def _put_new(self, key: str, body: BinaryIO) -> None:
         """PUT ``body`` at ``key`` unless an object is there: a conditional write (``If-None-Match: *``), which S3
         and most compatible endpoints honour. An endpoint that does not implement it (501) gets the plain PUT: the
-        unique name is then the only guard, as it is with a botocore too old to send the condition."""
+        unique name is then the only guard, as it is with a botocore too old to send the condition. A name found
+        taken by these very bytes is this PUT's own: botocore retried a PUT that had landed, its answer lost."""
         from botocore.exceptions import ClientError
 
         for conditional in (True, False) if self._conditional_puts() else (False,):
@@ -447,9 +449,31 @@ class S3Store:
                 cause = exc.__cause__
                 code = str(cause.response.get("Error", {}).get("Code", "")) if isinstance(cause, ClientError) else ""
                 if code in _TAKEN:
+                    if self._holds(key, body):
+                        return
                     raise StoreError(f"object {key.rpartition('/')[2]} already exists", "other") from cause
                 if not (conditional and code in _NO_CONDITIONS):
                     raise
+
+    def _holds(self, key: str, body: BinaryIO) -> bool:
+        """Whether the object at ``key`` holds ``body``'s bytes (read again from its start): digests of both, a
+        chunk at a time. Any failure to read either is a no."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        mine, theirs = hashlib.sha256(), hashlib.sha256()
+        try:
+            body.seek(0)
+            while chunk := body.read(_CHUNK):
+                mine.update(chunk)
+            stored = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            try:
+                while chunk := stored.read(_CHUNK):
+                    theirs.update(chunk)
+            finally:
+                stored.close()
+        except (BotoCoreError, ClientError, OSError):
+            return False
+        return mine.digest() == theirs.digest()
 
     def delete(self, folder: str, name: str) -> None:
         self._call("delete", self.client.delete_object, Key=self._key(folder, name))

@@ -21,6 +21,7 @@ from pytest_megacache.layout import valid_object_name
 from pytest_megacache.stores import LocalDirStore, MemoryStore, ObjectInfo, S3Store, Store
 
 from ..conftest import S3Server, free_port
+from ..faultproxy import FaultProxy
 
 FOLDER = "pytest-megacache/torch-2.13.0/cpu-avx2-t4/py3.11-linux-x86_64/0123456789ab"
 
@@ -315,6 +316,27 @@ def test_s3_client_finds_the_endpoint_in_the_environment(s3_env: S3Server) -> No
     store = S3Store(bucket, stores.make_s3_client())  # AWS_ENDPOINT_URL_S3 from s3_env
     store.put(FOLDER, name(1), b"via env")
     assert s3_env.keys(bucket) == [f"{FOLDER}/{name(1)}"]
+
+
+def test_a_put_that_landed_and_lost_its_answer_is_stored_not_failed(s3_env: S3Server, tmp_path: Path) -> None:
+    """The first attempt of a conditional PUT lands and its answer is lost (a reset): botocore's retry finds the name
+    taken, by these very bytes, so the PUT succeeded. A name taken by other bytes still fails as taken."""
+    bucket = s3_env.new_bucket()
+    with FaultProxy(s3_env.url) as proxy:
+        store = S3Store(bucket, stores.make_s3_client(endpoint_url=proxy.url))
+        proxy.mode = "lose-put-response"
+        store.put(FOLDER, name(1), b"landed" * 1000)
+        path = tmp_path / "object"
+        path.write_bytes(b"from a file" * 1000)
+        store.put_file(FOLDER, name(2), str(path))  # the body read again from the file, for the digest
+        puts = [(path_query, mode) for method, path_query, mode in proxy.requests if method == "PUT"]
+        assert [mode for _, mode in puts] == ["lose-put-response"] * 4  # each forwarded twice: landed, then retried
+        assert store.get(FOLDER, name(1), max_bytes=10_000) == b"landed" * 1000
+        assert store.get(FOLDER, name(2), max_bytes=20_000) == b"from a file" * 1000
+        proxy.mode = None
+        with pytest.raises(StoreError, match="already exists"):  # the name taken by other bytes: taken
+            store.put(FOLDER, name(1), b"other bytes")
+    assert s3_env.keys(bucket) == [f"{FOLDER}/{name(1)}", f"{FOLDER}/{name(2)}"]
 
 
 def test_s3_without_credentials(s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
