@@ -16,7 +16,7 @@ from typing import Any
 from . import bundle as bundlemod
 from .bundle import Entries, Entry, Limits
 from .compaction import PART_FIELD, STALE_GROUP_SECONDS, Held, units
-from .errors import BundleError, StoreError, redact_cut
+from .errors import BundleError, LocalDiskError, StoreError, redact_cut
 from .files import FileRoot, torch_cache_ident
 from .report import LoadStats, RestoreStats, TorchStats, UploadStats
 from .restore import RESTORE_GRACE, Diagnosis, Restore, nearest_fingerprint, producer_selections
@@ -365,7 +365,14 @@ class CacheSession:
             return
         start = time.perf_counter()
         try:
-            self.upload.run(self.collect(adapter), worker_entries, worker_profiles)
+            try:
+                collected = self.collect(adapter)
+            except LocalDiskError as exc:  # the scratch directory, made for the compiled files: this machine's disk
+                what = "the compiled artifacts of this session not uploaded"
+                self.problem(f"{exc}; {what}")
+                up.reason = f"{exc.disk}: {what}"
+                return
+            self.upload.run(collected, worker_entries, worker_profiles)
         finally:
             up.seconds = time.perf_counter() - start
 

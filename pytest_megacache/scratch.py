@@ -142,12 +142,15 @@ class Scratch:
             if self._path is None:
                 base = self._base or tempfile.gettempdir()
                 self.swept = sweep(base)
-                path = tempfile.mkdtemp(prefix=PREFIX, dir=base)
                 try:
-                    fd = _claim(path)
-                except OSError:
+                    path = tempfile.mkdtemp(prefix=PREFIX, dir=base)
+                except OSError as exc:
+                    raise _refused(exc, base) from exc
+                try:
+                    fd = _claim(path)  # its owner file: the first write there
+                except OSError as exc:
                     shutil.rmtree(path, ignore_errors=True)
-                    raise
+                    raise _refused(exc, path) from exc
                 self._release = weakref.finalize(self, _release, path, fd)
                 self._path = path
             return self._path
@@ -185,6 +188,13 @@ class Scratch:
             unlink(path)
             return None
         return path
+
+
+def _refused(exc: OSError, path: str) -> OSError:
+    """The scratch directory could not be made: the local disk's fault where it refused a write (full, ...), as
+    anywhere else; any other error as it is."""
+    fault = local_fault(exc)
+    return LocalDiskError.of(fault, path, "making the session's scratch directory") if fault is not None else exc
 
 
 class _Watched:

@@ -420,3 +420,31 @@ def test_on_a_small_tmpfs_restore_and_upload_each_warn_once_and_store_nothing_pa
     assert len(objects) == 2 and not any(e.name == "cd/cdef.so" for entries in objects for e in entries)
     warm.close()
     assert list(small_tmpfs.iterdir()) == []
+
+
+def test_a_tmpdir_full_before_the_scratch_exists_is_said_as_the_local_disk_fault(
+        small_tmpfs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session that restored nothing (an empty store) makes its scratch directory only at its end, to collect what
+    it compiled: TMPDIR filled during the tests refuses its owner file, the first write there. That is the local
+    disk's fault as anywhere else: one warning naming TMPDIR, and what was not uploaded, in the summary too."""
+    store = LocalDirStore(tmp_path / "store")
+    monkeypatch.setattr(tempfile, "tempdir", str(small_tmpfs))
+    cold = session(store, tmp_path / "cold")
+    cold.start_restore(background=False)
+    assert cold.problems == [] and list(small_tmpfs.iterdir()) == []  # nothing restored: no scratch yet
+    filler = small_tmpfs / "filled-during-the-tests"
+    with open(filler, "wb", buffering=0) as out:
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                out.write(b"\0" * 65536)
+    (tmp_path / "cold" / "ab").mkdir(parents=True)
+    (tmp_path / "cold" / "ab" / "cabc.so").write_bytes(fake_elf(b"k" * 1000))
+    cold.finish(FakeTorch([KEY_A]))  # type: ignore[arg-type]
+    [problem] = cold.problems
+    assert problem.startswith("TMPDIR full (") and "not uploaded" in problem, problem
+    reason = cold.upload_stats.reason
+    assert reason is not None and reason.startswith("TMPDIR full (") and "not uploaded" in reason, reason
+    assert list((tmp_path / "store").rglob("*.mcb")) == []
+    filler.unlink()
+    cold.close()
+    assert list(small_tmpfs.iterdir()) == []
