@@ -83,15 +83,25 @@ def free_bytes(path: str) -> int | None:
     return None
 
 
-def disk_of(path: str, code: int | None) -> str:
+def note_free(exc: BaseException, path: str) -> None:
+    """Read the free space of ``path``'s disk now, at the failure ``exc``, before the partial file that filled it is
+    removed: :meth:`LocalDiskError.of` then says it (not what is free once the file has gone)."""
+    if isinstance(exc, OSError) and not hasattr(exc, _FREE_AT_FAILURE):
+        setattr(exc, _FREE_AT_FAILURE, free_bytes(path))
+
+
+_FREE_AT_FAILURE = "megacache_free_at_failure"
+
+
+def disk_of(path: str, code: int | None, free: int | None = None) -> str:
     """``TMPDIR full (12 MB free)``, ``the disk of /cache read-only (0 MB free)``: which local disk refused a write
-    to ``path``, in what state."""
+    to ``path``, in what state (``free``: as read at the failure, else now)."""
     import tempfile
 
     tmp = os.path.realpath(tempfile.gettempdir())
     real = os.path.realpath(path)
     where = "TMPDIR" if real == tmp or real.startswith(tmp.rstrip(os.sep) + os.sep) else f"the disk of {os.path.dirname(path)}"
-    free = free_bytes(path)
+    free = free if free is not None else free_bytes(path)
     room = f" ({free / 1e6:.0f} MB free)" if free is not None else ""
     return f"{where} {_DISK_STATE.get(code or 0, 'refused a write')}{room}"
 
@@ -113,6 +123,6 @@ class LocalDiskError(OSError):
     def of(cls, exc: OSError, path: str, what: str) -> LocalDiskError:
         if isinstance(exc, LocalDiskError):
             return exc
-        disk = disk_of(path, exc.errno)
+        disk = disk_of(path, exc.errno, getattr(exc, _FREE_AT_FAILURE, None))
         reason = str(exc.strerror or exc)
         return cls(f"{disk}: {what} at {path}: {reason}", exc.errno, disk, reason)

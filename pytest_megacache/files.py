@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 from .bundle import FILE_PREFIX, Entries, Entry, validate_file_path
-from .errors import BundleError, LocalDiskError
+from .errors import BundleError, LocalDiskError, note_free
 from .fsutil import copy_regular, read_regular, stray, temp_owner, write_atomic
 
 # What must not travel (locks, temp files, the precompiled header, Inductor's copy of Triton kernels that
@@ -234,6 +234,7 @@ def _entry_of(kind: str, rel: str, mode: int, scratch_dir: str | None, path: Pat
             dest = _Written(raw)
             size = copy_regular(path, MAX_FILE_BYTES, dest)  # type: ignore[arg-type]
     except OSError as exc:
+        note_free(exc, copy)  # before the copy that filled the disk goes
         os.unlink(copy)
         if dest is None or dest.failed is not None or exc.errno in _DISK_FULL:  # the copy's write (or its close)
             raise LocalDiskError.of(exc, copy, f"copying {rel}") from exc

@@ -381,9 +381,11 @@ class Restore:
         if not self._commit():
             return  # abandoned: the session went on without this restore; write nothing now
         if self.local_fault is not None:
+            lost = ("what they hold is compiled again" if stats.objects_left_out else
+                    "nothing of the cache lost, at the cost of the memory they took")
             self.owner.problem(f"{self.local_fault}; the restore went on without the scratch directory: "
                                f"{stats.objects_in_memory} object(s) decoded in memory, {stats.objects_left_out} left out "
-                               "(what they hold is compiled again)")
+                               f"({lost})")
         root_path = ""
         try:
             for root in self.owner.roots:

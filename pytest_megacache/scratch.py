@@ -175,11 +175,12 @@ class Scratch:
                 dest = _Watched(raw)
                 found = store.fetch(folder, name, max_bytes, dest)  # type: ignore[arg-type]
         except Exception as exc:
-            unlink(path)
             # the store's read went well; writing it here (or flushing it, at the close) did not
             fault = dest.failed if dest is not None and dest.failed is not None else local_fault(exc)
-            if fault is not None:
-                raise LocalDiskError.of(fault, path, f"fetching {name}") from exc
+            error = LocalDiskError.of(fault, path, f"fetching {name}") if fault is not None else None
+            unlink(path)
+            if error is not None:
+                raise error from exc
             raise
         except BaseException:
             unlink(path)

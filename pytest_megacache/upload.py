@@ -13,7 +13,7 @@ from . import bundle as bundlemod
 from . import envpolicy
 from .bundle import PRECOMPILE_KIND, Entries, Entry, Limits
 from .compaction import PART_FIELD, Compaction, Held
-from .errors import BundleError, LocalDiskError, StoreError, redact_cut
+from .errors import BundleError, LocalDiskError, StoreError, note_free, redact_cut
 from .report import TorchStats, UploadStats, human_bytes
 from .scratch import Scratch, unlink
 from .stores import Deadline, ObjectInfo, Store, bounded, new_object_name
@@ -245,6 +245,7 @@ class Upload:
                 try:
                     header, size = bundlemod.write_object(path, entries, self.owner.fingerprint, extra, signing_key)
                 except OSError as exc:  # the scratch directory's disk: nothing of the object is stored
+                    note_free(exc, path)
                     unlink(path)
                     raise LocalDiskError.of(exc, path, f"writing the upload's object ({plural_entries(len(entries))}, "
                                                        f"{human_bytes(entries.raw_bytes())} raw)") from exc

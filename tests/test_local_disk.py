@@ -408,13 +408,15 @@ def test_on_a_small_tmpfs_restore_and_upload_each_warn_once_and_store_nothing_pa
     warm = session(store, tmp_path / "warm")
     warm.start_restore(background=False)
     [problem] = warm.problems
-    assert problem.startswith("TMPDIR full (") and "1 object(s) decoded in memory" in problem, problem
+    assert problem.startswith("TMPDIR full (0 MB free)"), problem  # read at the failure (the partial file gone, 2 MB)
+    assert "1 object(s) decoded in memory, 0 left out (nothing of the cache lost" in problem, problem
     assert (tmp_path / "warm" / "ab" / "cabc.so").read_bytes() == big and not warm.store_down
     (tmp_path / "warm" / "cd").mkdir()
     (tmp_path / "warm" / "cd" / "cdef.so").write_bytes(fake_elf(os.urandom(3 << 20)))
     warm.finish(FakeTorch([KEY_A, KEY_B]))  # type: ignore[arg-type]
     [_, left_out] = warm.problems
-    assert left_out.startswith("TMPDIR full (") and "1 file(s) (3.1 MB) left out of the upload, first cd/cdef.so" in left_out
+    assert left_out.startswith("TMPDIR full (0 MB free)"), left_out  # read at the failure, not once the copy has gone
+    assert "1 file(s) (3.1 MB) left out of the upload, first cd/cdef.so" in left_out
     assert warm.upload_stats.objects == 1
     objects = stored(tmp_path / "store")  # each one whole
     assert len(objects) == 2 and not any(e.name == "cd/cdef.so" for entries in objects for e in entries)

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, cast
 
 import zstandard
 
-from ..errors import BundleError
+from ..errors import BundleError, note_free
 from .entries import CHUNK, FILE_PREFIX, MUTABLE_KINDS, Entries, Entry, Limits, validate_entry
 
 ZSTD_LEVEL = 3
@@ -133,7 +133,8 @@ class _RawStream:
             with os.fdopen(fd, "wb") as fh:
                 for chunk in self._chunks(n, what):
                     fh.write(chunk)
-        except BaseException:  # a full disk, a defect found: no part of it stays
+        except BaseException as exc:  # a full disk, a defect found: no part of it stays
+            note_free(exc, path)
             os.unlink(path)
             raise
         return path
