@@ -86,6 +86,7 @@ class Worker(Compiling):
                     # when this worker compiled nothing itself (collect counts those in ts.other_processes). A
                     # profile (pgo) this worker grew counts as new too: the controller merges the workers' copies.
                     new = cs.scrubbed(cs.collect(self.adapter)).minus(cs.restored)
+                    cs.upload.say_skipped()  # the files left out, said by the controller with this worker's name
                     output.update(staging.hand_over(self.staged_at, self.worker_id, new, cs.fingerprint))
                 output.update({"torch": {k: v for k, v in asdict(ts).items() if k != "layers"},
                                "selection": self.selection, "restore": asdict(cs.restore_stats),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -53,12 +54,24 @@ def mcb(s3: S3Server, bucket: str) -> list[str]:
     return [k for k in s3.keys(bucket) if k.endswith(".mcb")]
 
 
+# A file a worker's collect leaves out of the upload (its name cannot be carried): said by the controller.
+LEFT_OUT = textwrap.dedent("""
+    import os
+    from pathlib import Path
+
+    def test_e_leaves_a_file_that_is_not_carried():
+        folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "zz"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "odd name.so").write_bytes(b"not carried")
+    """)
+
+
 def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytester, s3_server: S3Server,
                                                          bucket_env: dict[str, str]) -> None:
-    project = TorchProject(pytester, env=bucket_env, tests=compiled_tests(FOUR))
+    project = TorchProject(pytester, env=bucket_env, tests=compiled_tests(FOUR) + LEFT_OUT)
     per_worker: dict[str, str | None] = {"TORCHINDUCTOR_CACHE_DIR": None}  # the default: under TMPDIR
     cold = project.run("-n", "2", env=per_worker)
-    cold.result.assert_outcomes(passed=4)
+    cold.result.assert_outcomes(passed=5)
     assert cold.fx_misses == 4, cold.counters
     assert cold.report is not None
     xd = cold.report["xdist"]
@@ -82,8 +95,12 @@ def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytest
     assert processes["controller"]["dynamo"] == processes["controller"]["backend"] == 0
     assert all(processes[w]["backend"] > 0 and processes[w]["startup"] > 0 for w in ("gw0", "gw1")), processes
 
+    [left_out] = [p for p in cold.report["problems"] if "left out of the upload" in p]
+    assert re.fullmatch(r"\[gw[01]\] 1 file\(s\) \(\d+ B\) left out of the upload, first zz/odd name\.so: name not portable",
+                        left_out), left_out
+
     warm = project.run("-n", "2", env=per_worker)
-    warm.result.assert_outcomes(passed=4)
+    warm.result.assert_outcomes(passed=5)
     assert warm.fx_misses == 0 and warm.fx_hits == 4, warm.counters
     assert warm.report is not None
     size = s3_server.client().head_object(Bucket=bucket_env["MEGACACHE_BUCKET"], Key=stored)["ContentLength"]
