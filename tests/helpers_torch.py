@@ -56,6 +56,19 @@ TORCH_TESTS = textwrap.dedent(
 COUNTERS_CONFTEST = textwrap.dedent(
     """
     import json, os, sys
+    import pytest
+
+    _graphs = {}  # test id: the graphs Dynamo made while it ran (torch's own count, not the plugin's)
+
+    def _unique_graphs():
+        utils = sys.modules.get("torch._dynamo.utils")
+        return utils.counters["stats"].get("unique_graphs", 0) if utils is not None else 0
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(item):
+        before = _unique_graphs()
+        yield
+        _graphs[item.nodeid] = _unique_graphs() - before
 
     def pytest_sessionfinish(session):
         out = os.environ.get("TEST_COUNTERS_OUT")
@@ -68,6 +81,9 @@ COUNTERS_CONFTEST = textwrap.dedent(
             from torch._dynamo.utils import counters
             doc["inductor"] = dict(counters["inductor"])
             doc["aot_autograd"] = dict(counters["aot_autograd"])
+            doc["frames"] = dict(counters["frames"])  # Dynamo's own: frames it was asked to compile, and compiled
+            doc["stats"] = dict(counters["stats"])  # its graphs (unique_graphs), calls captured
+            doc["graphs_per_test"] = _graphs
         with open(out, "w") as fh:
             json.dump(doc, fh)
     """
