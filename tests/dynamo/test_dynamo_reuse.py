@@ -48,6 +48,7 @@ import warnings
 import torch
 
 SCALE = @SCALE@
+STABLE_SCALE = 3.0
 
 
 def unchanged(x):
@@ -70,9 +71,24 @@ def uses_global(x):
     return x * SCALE
 
 
+def uses_stable_global(x):  # the twin of uses_global: the global's value is the same in both sessions
+    return x * STABLE_SCALE
+
+
+def cut_short(x):  # the function whose stored entry the chain corrupts
+    return torch.cos(x) * 7 + 3
+
+
 def make_closure(k):
     def inner(x):
         return x + k
+
+    return inner
+
+
+def make_stable_closure(k):  # make_closure's twin, a code of its own (a second value makes the first one's k dynamic)
+    def inner(x):
+        return x * k
 
     return inner
 
@@ -95,6 +111,10 @@ def returns_inner(x):  # Dynamo's output code makes `inner` again, from this mod
 
 
 def with_default(x, k=@DEFAULT@):
+    return x * k
+
+
+def with_stable_default(x, k=4.0):
     return x * k
 
 
@@ -136,6 +156,15 @@ class Net(torch.nn.Module):
         if self.training:
             return torch.relu(y) * @METHOD@
         return torch.tanh(y)
+
+
+class StableNet(torch.nn.Module):  # Net's twin: its forward the same in both sessions
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 3
 
 
 @torch.compile
@@ -269,6 +298,10 @@ def under_a_config(x):
     return torch.tanh(x) + 2
 
 
+def under_the_same_config(x):
+    return torch.tanh(x) * 2 - 1
+
+
 class MyTensor(torch.Tensor):
     pass
 
@@ -398,13 +431,30 @@ def test_module_global_edited():
     same(torch.compile(edits.uses_global), edits.uses_global, X)
 
 
+def test_module_global_unchanged():
+    same(torch.compile(edits.uses_stable_global), edits.uses_stable_global, X)
+
+
+def test_an_entry_cut_short():
+    same(torch.compile(edits.cut_short), edits.cut_short, X)
+
+
 def test_closure_variable_changed():
     inner = edits.make_closure(float(VARIANT) * 10)
     same(torch.compile(inner), inner, X)
 
 
+def test_closure_variable_unchanged():
+    inner = edits.make_stable_closure(7.0)
+    same(torch.compile(inner), inner, X)
+
+
 def test_default_argument_changed():
     same(torch.compile(edits.with_default), edits.with_default, X)
+
+
+def test_default_argument_unchanged():
+    same(torch.compile(edits.with_stable_default), edits.with_stable_default, X)
 
 
 def test_inlined_default_argument_unchanged():
@@ -415,6 +465,12 @@ def test_module_method_edited_and_mode():
     torch.manual_seed(0)
     net = edits.Net()
     net.train(VARIANT == 1)  # trained mode cold, eval mode warm
+    same(torch.compile(net), net, X.reshape(2, 4))
+
+
+def test_module_method_unchanged():
+    torch.manual_seed(0)
+    net = edits.StableNet().requires_grad_(False)  # with grad, a forward whose backward never runs stores no graph
     same(torch.compile(net), net, X.reshape(2, 4))
 
 
@@ -552,6 +608,12 @@ def test_a_configuration_patched_around_the_call():
         same(compiled, edits.under_a_config, X)
 
 
+def test_a_configuration_patched_the_same_around_the_call():
+    compiled = torch.compile(edits.under_the_same_config)
+    with torch._inductor.config.patch(split_reductions=False):  # not Inductor's default, in both sessions
+        same(compiled, edits.under_the_same_config, X)
+
+
 def test_a_warning_shown_while_traced():
     with pytest.warns(UserWarning, match="shown while traced"):
         torch.testing.assert_close(torch.compile(edits.warns_when_traced)(X), X + 1)
@@ -684,7 +746,7 @@ def reuse_chain(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
     chain = ReuseChain(project)
     chain.run("cold", 1)
     chain.after_cold = chain.stored_precompile()
-    chain.corrupt(b"\x8c\x0buses_global\x94")  # the stored entry of edits.uses_global (its pickled name)
+    chain.corrupt(b"\x8c\x09cut_short\x94")  # the stored entry of edits.cut_short (its pickled name)
     chain.corrupt_first_variant(b"\x8c\x0ctwo_variants\x94")
     chain.run("warm", 2, "-W", "error::pytest.PytestUnraisableExceptionWarning")
     return chain
@@ -722,7 +784,7 @@ class TestDynamoReuse:
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
-            assert ran == (40 - skipped, skipped, 0), (name, run.result.outlines[-80:])
+            assert ran == (46 - skipped, skipped, 0), (name, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -744,7 +806,9 @@ class TestDynamoReuse:
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
                      "test_function_passed_as_argument", "test_decorator_instance_unchanged",
                      "test_type_of_a_tensor_unchanged", "test_inlined_default_argument_unchanged",
-                     "test_a_function_made_in_the_frame", "test_eager_backend",
+                     "test_a_function_made_in_the_frame", "test_eager_backend", "test_module_global_unchanged",
+                     "test_closure_variable_unchanged", "test_default_argument_unchanged", "test_module_method_unchanged",
+                     "test_a_configuration_patched_the_same_around_the_call",
                      *(("test_one_function_in_two_wrappers", "test_a_graph_break_traced_by_two_wrappers") if merged else ())):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
             # torch's own count witnesses it, not the plugin's report: Dynamo made no graph while the test ran warm
@@ -888,7 +952,7 @@ class TestDynamoReuse:
         session (which runs under -W error for them), and the fresh trace replaces it in the store at once."""
         warm = reuse_chain.runs["warm"]
         assert _counters(warm).get("dynamo_refused_load_failed") == 1, _counters(warm)
-        assert _compiles(warm, "test_module_global_edited") > 0
+        assert _compiles(warm, "test_an_entry_cut_short") > 0
         assert not [line for line in warm.result.outlines + warm.result.errlines
                     if "Failed to load package" in line or "Unraisable" in line], warm.result.outlines[-40:]
         [line] = [line for line in warm.result.outlines if "Dynamo reuse" in line]
