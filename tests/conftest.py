@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -215,3 +216,73 @@ def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         return
     server: S3Server = request.getfixturevalue("s3_server")
     yield S3Store(server.create_bucket(), server.client())
+
+
+# --- a real small file system ---------------------------------------------------------------------------------------
+# Set by a CI workflow whose runner can mount one (GitHub's hosted runners: passwordless sudo): there a test that needs
+# a small file system fails where it cannot mount one, instead of skipping.
+MOUNT_REQUIRED_ENV = "MEGACACHE_TESTS_MOUNT"
+_HOLD_MOUNT = 'mount -t tmpfs -o "size=$2" tmpfs "$1" && echo mounted && exec sleep 3600'
+
+
+class SmallFilesystems:
+    """Real tmpfs file systems of a given size (a write past it fails with ENOSPC from the kernel), reachable by this
+    test's processes and their children. Each is mounted, in order of what needs the least: in a user namespace of
+    its own where the kernel allows one (``unshare -rm``: a process of that namespace holds the mount, reached through
+    ``/proc/<pid>/root``); here, where this process may mount (root); with passwordless sudo (hosted CI runners). The
+    test is skipped, saying why, where none works, or fails where :data:`MOUNT_REQUIRED_ENV` is ``required``."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self._holders: list[subprocess.Popen[str]] = []
+        self._mounted: list[tuple[list[str], Path]] = []  # how to unmount (the command's prefix), where
+
+    def __call__(self, size: str) -> Path:
+        mount_point = self.tmp_path / f"fs-{size}-{len(self._holders) + len(self._mounted)}"
+        mount_point.mkdir()
+        reasons = []
+        if shutil.which("unshare"):
+            holder = subprocess.Popen(["unshare", "-rm", "sh", "-c", _HOLD_MOUNT, "sh", str(mount_point), size],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            ready, _, _ = select.select([holder.stdout], [], [], 30)
+            if ready and holder.stdout is not None and holder.stdout.readline().strip() == "mounted":
+                self._holders.append(holder)
+                return Path(f"/proc/{holder.pid}/root") / mount_point.relative_to(mount_point.anchor)
+            holder.kill()
+            reasons.append(f"unshare -rm: {holder.communicate(timeout=30)[1].strip() or 'no mount'}")
+        options = f"size={size},uid={os.getuid()},gid={os.getgid()},mode=0700"
+        for prefix in ([], ["sudo", "-n"]):
+            if prefix and shutil.which("sudo") is None:
+                reasons.append("sudo: not installed")
+                continue
+            try:
+                done = subprocess.run([*prefix, "mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+                                      capture_output=True, text=True, check=False, timeout=60)
+                refused = (done.stderr.strip() or f"exit {done.returncode}") if done.returncode else None
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                refused = str(exc)
+            if refused is None:
+                self._mounted.append((prefix, mount_point))
+                return mount_point
+            reasons.append(f"{' '.join([*prefix, 'mount'])}: {refused}")
+        why = f"no {size} file system here: " + " ".join("; ".join(reasons).split())
+        if os.environ.get(MOUNT_REQUIRED_ENV) == "required":
+            pytest.fail(f"{why} ({MOUNT_REQUIRED_ENV}=required)")
+        pytest.skip(why)
+
+    def close(self) -> None:
+        for holder in self._holders:
+            holder.kill()
+            holder.communicate(timeout=30)
+        for prefix, mount_point in self._mounted:
+            subprocess.run([*prefix, "umount", "-l", str(mount_point)], check=False, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[SmallFilesystems]:
+    """``small_filesystem("64k")``: the path of a new tmpfs of that size (see :class:`SmallFilesystems`)."""
+    filesystems = SmallFilesystems(tmp_path)
+    try:
+        yield filesystems
+    finally:
+        filesystems.close()

@@ -11,12 +11,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import select
-import shutil
-import subprocess
 import textwrap
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +22,7 @@ from pytest_megacache import bundle as bundlemod
 from pytest_megacache.bundle import Entries, Entry
 from pytest_megacache.report.stats import PHASES
 
-from .conftest import S3Server, free_port, removed_unless_failed
+from .conftest import S3Server, SmallFilesystems, free_port, removed_unless_failed
 from .helpers_torch import Run, TorchProject, skip_without_torch
 
 skip_without_torch()
@@ -365,50 +361,9 @@ def test_idle_session_imports_no_compiler_stack(s3_project: tuple[TorchProject, 
     assert run.report and run.report["restore"]["attempted"] and run.report["upload"]["reason"] == "nothing was compiled"
 
 
-TINY_DISK = "mount -t tmpfs -o size=64k tmpfs \"$1\" && echo mounted && exec sleep 3600"
-
-
-@pytest.fixture
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 64 KiB filesystem (tmpfs), so a write really fails with ENOSPC from the kernel.
-
-    Mounted without privileges where the kernel lets a user have a user namespace (``unshare -rm``): a process
-    of that namespace holds the mount, and this test's processes reach it through ``/proc/<pid>/root``. Else
-    mounted here, where this process may mount (root with the capability). Else the test is skipped, with why."""
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    reasons = []
-    if shutil.which("unshare"):
-        holder = subprocess.Popen(["unshare", "-rm", "sh", "-c", TINY_DISK, "sh", str(mount_point)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            ready, _, _ = select.select([holder.stdout], [], [], 30)
-            if ready and holder.stdout is not None and holder.stdout.readline().strip() == "mounted":
-                yield Path(f"/proc/{holder.pid}/root") / mount_point.relative_to(mount_point.anchor)
-                return
-            holder.kill()
-            reasons.append(f"unshare -rm: {holder.communicate(timeout=30)[1].strip() or 'no mount'}")
-        finally:
-            if holder.poll() is None:
-                holder.kill()
-                holder.communicate(timeout=30)
-    try:
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
-                              capture_output=True, text=True, check=False)
-        refused = proc.stderr.strip() or f"exit {proc.returncode}" if proc.returncode else None
-    except OSError as exc:
-        refused = str(exc)
-    if refused is not None:
-        reasons.append(f"mount: {refused}")
-        pytest.skip("no 64 KiB filesystem here, so the full-disk path runs only on fakes: "
-                    + " ".join("; ".join(reasons).split()))
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def test_full_disk_store_warns_and_keeps_the_session_green(pytester: pytest.Pytester, tiny_disk: Path) -> None:
+def test_full_disk_store_warns_and_keeps_the_session_green(pytester: pytest.Pytester,
+                                                           small_filesystem: SmallFilesystems) -> None:
+    tiny_disk = small_filesystem("64k")
     disk = os.statvfs(tiny_disk)
     assert disk.f_blocks * disk.f_frsize <= 64 * 1024, tiny_disk  # the tiny filesystem itself, not the one below it
     (tiny_disk / "filler").write_bytes(b"\0" * 60 * 1024)

@@ -3,13 +3,13 @@ removed by the next one, never what a running session uses), and a local disk th
 TMPDIR) is named as such, apart from the store's faults, in the restore, the collect and the upload.
 
 The full disk is the kernel's own: files of the scratch directory opened on ``/dev/full`` (every write fails with
-ENOSPC). A last test mounts a small tmpfs where that is allowed (root), and skips, saying why, where it is not.
+ENOSPC). The last tests mount a small tmpfs (``small_filesystem``: a user namespace, root or passwordless sudo) and
+skip, saying why, where none of these is allowed (fail, where the CI workflow says the runner can mount).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +31,7 @@ from pytest_megacache.core import CacheSession
 from pytest_megacache.files import FileRoot
 from pytest_megacache.stores import LocalDirStore, Store
 
-from .conftest import fake_elf
+from .conftest import SmallFilesystems, fake_elf
 from .test_core import FP, KEY_A, KEY_B, FakeTorch
 
 SCRATCH = scratchmod.PREFIX
@@ -382,26 +382,9 @@ def test_entries_whose_newest_copy_wins() -> None:
 
 
 # --- a real small file system -----------------------------------------------------------------------------------------
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs, where this process may mount one (root on Linux); skipped, saying why, elsewhere."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if not sys.platform.startswith("linux") or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs Linux and mount(8)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True,
-                          text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()[:120] or done.returncode}); the /dev/full "
-                    "tests above stand for it")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_on_a_small_tmpfs_restore_and_upload_each_warn_once_and_store_nothing_partial(
-        small_tmpfs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        small_filesystem: SmallFilesystems, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    small_tmpfs = small_filesystem("2m")
     big = fake_elf(os.urandom(3 << 20))  # incompressible: its object does not fit in 2 MB either
     store = cold_store(tmp_path, big)
     monkeypatch.setattr(tempfile, "tempdir", str(small_tmpfs))
@@ -425,10 +408,11 @@ def test_on_a_small_tmpfs_restore_and_upload_each_warn_once_and_store_nothing_pa
 
 
 def test_a_tmpdir_full_before_the_scratch_exists_is_said_as_the_local_disk_fault(
-        small_tmpfs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        small_filesystem: SmallFilesystems, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A session that restored nothing (an empty store) makes its scratch directory only at its end, to collect what
     it compiled: TMPDIR filled during the tests refuses its owner file, the first write there. That is the local
     disk's fault as anywhere else: one warning naming TMPDIR, and what was not uploaded, in the summary too."""
+    small_tmpfs = small_filesystem("2m")
     store = LocalDirStore(tmp_path / "store")
     monkeypatch.setattr(tempfile, "tempdir", str(small_tmpfs))
     cold = session(store, tmp_path / "cold")
