@@ -221,7 +221,7 @@ def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 # --- a real small file system ---------------------------------------------------------------------------------------
 # Set by a CI workflow whose runner can mount one (GitHub's hosted runners: passwordless sudo): there a test that needs
 # a small file system fails where it cannot mount one, instead of skipping.
-MOUNT_REQUIRED_ENV = "MEGACACHE_TESTS_MOUNT"
+MOUNT_REQUIRED_ENV = "TESTS_MOUNT"
 _HOLD_MOUNT = 'mount -t tmpfs -o "size=$2" tmpfs "$1" && echo mounted && exec sleep 3600'
 
 
