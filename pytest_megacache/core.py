@@ -35,6 +35,10 @@ STORE_DOWN_KINDS = frozenset({"unreachable", "no-bucket", "denied", "credentials
 _ident = artifact_ident
 
 
+# xdist workers' copies of each dynamic-shape profile, by its (kind, key)
+Profiles = Mapping[tuple[str, str], Sequence[Entry]]
+
+
 class CacheSession:
     """One session's traffic with the cache. Thread-safe where the restore thread is involved.
 
@@ -336,9 +340,8 @@ class CacheSession:
         self.notes.append(f"{unsaved} AOTAutograd graph(s) compiled but not stored{named}, so they miss in every run: "
                           + why)
 
-    def finish(self, adapter: TorchAdapter | None, *,
-               workers: Sequence[Mapping[str, Any]] = (), worker_entries: Entries | None = None,
-               worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None = None) -> None:
+    def finish(self, adapter: TorchAdapter | None, *, workers: Sequence[Mapping[str, Any]] = (),
+               worker_entries: Entries | None = None, worker_profiles: Profiles | None = None) -> None:
         """Record torch's counters, then upload what is new (this process's and its xdist workers'); with nothing
         new, merge the objects of this scope when there are too many of them or they overlap (:meth:`needs_merge`)."""
         self.account(adapter, workers)
@@ -365,14 +368,9 @@ class CacheSession:
             return
         start = time.perf_counter()
         try:
-            try:
-                collected = self.collect(adapter)
-            except LocalDiskError as exc:  # the scratch directory, made for the compiled files: this machine's disk
-                what = "the compiled artifacts of this session not uploaded"
-                self.problem(f"{exc}; {what}")
-                up.reason = f"{exc.disk}: {what}"
-                return
-            self.upload.run(collected, worker_entries, worker_profiles)
+            self.upload.run(self.collect(adapter), worker_entries, worker_profiles)
+        except LocalDiskError as exc:  # the scratch directory made to collect the compiled files: this machine's disk
+            self.upload.not_collected(exc)
         finally:
             up.seconds = time.perf_counter() - start
 

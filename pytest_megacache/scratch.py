@@ -3,10 +3,12 @@ file of its own, so that they are never all in memory. Made on first use, remove
 interpreter exit).
 
 A scratch directory has an owner: its ``owner`` file, locked (``flock``) by the session for its whole life and
-released by the system whenever the process ends, even killed. A session making its scratch directory removes those
-of sessions that are gone (an unlocked owner file), never one whose owner still holds the lock: sessions sharing a
-temporary directory (xdist workers, parallel jobs on one machine) leave each other's alone. A directory without an
-owner file (being made this instant, or by an older version) is removed only once it is a day old.
+released by the system whenever the process ends, even killed. So has every directory the plugin makes in TMPDIR
+(:func:`owned_dir`, :data:`OWNED_PREFIXES`: the scratch, an xdist controller's staging, the child processes' spool).
+A session making one removes those of sessions that are gone (an unlocked owner file), never one whose owner still
+holds the lock: sessions sharing a temporary directory (xdist workers, parallel jobs on one machine) leave each
+other's alone. A directory without an owner file (being made this instant, or by an older version) is removed only
+once it is a day old.
 """
 
 from __future__ import annotations
@@ -28,11 +30,17 @@ except ImportError:  # pragma: no cover - Windows: scratch directories are remov
 
 from .errors import LocalDiskError
 from .layout import OBJECT_SUFFIX
-from .stores import Store
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .stores import Store
 
 PREFIX = "pytest-megacache-scratch-"
+STAGE_PREFIX = "pytest-megacache-xdist-"  # an xdist controller's staging (xdist.staging)
+SPOOL_PREFIX = "megacache-children-"  # the child processes' spool (children.hook)
+OWNED_PREFIXES = (PREFIX, STAGE_PREFIX, SPOOL_PREFIX)
 OWNER = "owner"  # "<pid> <start time>", locked by the owning session for its life
-UNOWNED_AGE = 86_400.0  # a scratch directory without an owner file is removed once it is this old (seconds)
+UNOWNED_AGE = 86_400.0  # a directory of these without an owner file is removed once it is this old (seconds)
 
 
 def unlink(path: str) -> None:
@@ -70,12 +78,52 @@ def _release(path: str, fd: int | None) -> None:
             pass
 
 
+def owned_dir(prefix: str, base: str | None = None) -> tuple[str, int | None, tuple[int, int]]:
+    """A new directory ``<base>/<prefix>*`` (TMPDIR's by default) owned by this process for its life: its path, the
+    descriptor that holds the lock (None where there is no ``flock``), and what :func:`sweep` removed first."""
+    base = base or tempfile.gettempdir()
+    swept = sweep(base)
+    path = tempfile.mkdtemp(prefix=prefix, dir=base)
+    try:
+        fd = _claim(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path, fd, swept
+
+
+def release(path: str, fd: int | None) -> None:
+    """Remove an owned directory, then let its lock go."""
+    _release(path, fd)
+
+
+def owner_alive(path: str) -> bool:
+    """Whether the process that owns the directory ``path`` still runs (holds its owner file's lock). True where
+    it cannot be told (no ``flock``, an owner file made by an older version)."""
+    if fcntl is None:  # pragma: no cover - Windows
+        return True
+    try:
+        fd = os.open(os.path.join(path, OWNER), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return os.path.isdir(path)  # no owner file: an older version's, or being made
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True  # held
+    finally:
+        os.close(fd)  # a lock taken here goes with it
+    return False
+
+
 def sweep(base: str, now: float | None = None) -> tuple[int, int]:
-    """Remove the scratch directories under ``base`` whose sessions are gone; return how many and their bytes."""
+    """Remove the directories of :data:`OWNED_PREFIXES` under ``base`` whose sessions are gone; return how many and
+    their bytes."""
     now = time.time() if now is None else now
     removed = size = 0
     try:
-        names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
+        names = [n for n in os.listdir(base) if n.startswith(OWNED_PREFIXES)]
     except OSError:
         return 0, 0
     for name in names:
@@ -141,16 +189,10 @@ class Scratch:
         with self._lock:
             if self._path is None:
                 base = self._base or tempfile.gettempdir()
-                self.swept = sweep(base)
                 try:
-                    path = tempfile.mkdtemp(prefix=PREFIX, dir=base)
+                    path, fd, self.swept = owned_dir(PREFIX, base)  # its owner file: the first write there
                 except OSError as exc:
                     raise _refused(exc, base) from exc
-                try:
-                    fd = _claim(path)  # its owner file: the first write there
-                except OSError as exc:
-                    shutil.rmtree(path, ignore_errors=True)
-                    raise _refused(exc, path) from exc
                 self._release = weakref.finalize(self, _release, path, fd)
                 self._path = path
             return self._path

@@ -152,6 +152,12 @@ class Upload:
             except Exception as exc:  # noqa: BLE001 - a cache bug must never fail the session
                 owner.problem(f"compaction failed unexpectedly: {type(exc).__name__}: {redact_cut(str(exc))}")
 
+    def not_collected(self, exc: LocalDiskError) -> None:
+        """The local disk refused the scratch directory the compiled files are collected into: said as such."""
+        what = "the compiled artifacts of this session not uploaded"
+        self.owner.problem(f"{exc}; {what}")
+        self.stats.reason = f"{exc.disk}: {what}"
+
     def say_skipped(self) -> None:
         """The files the collect left out of this upload, in one problem: how many, their bytes, the first of them
         (and the local disk's state when it refused a copy)."""

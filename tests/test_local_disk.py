@@ -434,3 +434,95 @@ def test_a_tmpdir_full_before_the_scratch_exists_is_said_as_the_local_disk_fault
     filler.unlink()
     cold.close()
     assert list(small_tmpfs.iterdir()) == []
+
+
+# --- what killed sessions leave in TMPDIR ---------------------------------------------------------------------------
+WAITING = textwrap.dedent("""
+    import os, time
+    from pathlib import Path
+
+    def test_waits_until_released():
+        Path(os.environ["STARTED"], str(os.getpid())).touch()
+        while not Path(os.environ["RELEASE"]).exists():
+            time.sleep(0.05)
+
+    def test_waits_too():
+        test_waits_until_released()
+    """)
+
+
+def plugin_dirs(tmpdir: Path) -> set[str]:
+    return {p.name for p in tmpdir.iterdir() if p.name.startswith(scratchmod.OWNED_PREFIXES)}
+
+
+def test_killed_plain_and_xdist_sessions_leave_nothing_after_the_next_one_and_a_live_ones_stay(
+        tmp_path: Path) -> None:
+    """Three sessions in one TMPDIR: a plain one and an xdist one (-n 2) killed with SIGKILL while their tests run,
+    one left running. The next session removes what the killed ones made (the spools, the controller's staging),
+    never what the running one holds; that one removes its own when it ends."""
+    tmpdir, project = tmp_path / "tmp", tmp_path / "project"
+    tmpdir.mkdir()
+    project.mkdir()
+    (project / "test_waiting.py").write_text(WAITING)
+    env = {**os.environ, "TMPDIR": str(tmpdir), "MEGACACHE_DIR": str(tmp_path / "store"), "RELEASE": str(tmp_path / "go")}
+
+    def start(name: str, *args: str) -> subprocess.Popen[bytes]:
+        started = tmp_path / name
+        started.mkdir()
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                                cwd=project, env={**env, "STARTED": str(started)}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while len(list(started.iterdir())) < (2 if "-n" in args else 1):  # every test process is in a test
+            assert proc.poll() is None and time.monotonic() < deadline, name
+            time.sleep(0.05)
+        return proc
+
+    before = plugin_dirs(tmpdir)
+    assert before == set()
+    running = start("running", "-k", "until_released")
+    live = plugin_dirs(tmpdir)
+    assert any(n.startswith(scratchmod.SPOOL_PREFIX) for n in live), live
+    plain = start("plain", "-k", "until_released")
+    xdist = start("xdist", "-n", "2")
+    left = plugin_dirs(tmpdir) - live
+    assert {n[:len(scratchmod.STAGE_PREFIX)] for n in left} >= {scratchmod.STAGE_PREFIX}, left
+    assert sum(n.startswith(scratchmod.SPOOL_PREFIX) for n in left) == 2, left  # the plain one's, the controller's
+    for proc in (plain, xdist):
+        proc.send_signal(signal.SIGKILL)  # pytest's own process: the xdist workers are left orphaned
+        proc.wait()
+    assert plugin_dirs(tmpdir) == live | left  # nothing removed them
+
+    nxt = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "nothing"],
+                         cwd=project, env=env, capture_output=True, timeout=300)
+    assert nxt.returncode == 5, nxt.stdout[-2000:]  # no test selected: the session still starts and ends
+    assert plugin_dirs(tmpdir) == live  # what the killed sessions left is gone, the running one's is there
+    (tmp_path / "go").touch()
+    assert running.wait(timeout=120) == 0
+    assert plugin_dirs(tmpdir) == set()
+
+
+def test_an_orphaned_worker_hands_nothing_over_into_a_staging_directory_whose_controller_is_gone(
+        tmp_path: Path) -> None:
+    """The staging directory's owner is the controller: killed, its lock goes, and a worker that finishes after it
+    writes nothing there (no one would take it, and it would stay)."""
+    from pytest_megacache.xdist import staging
+
+    made = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os, signal, sys
+        from pytest_megacache.xdist import staging
+        print(staging.make_stage_dir(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """)], env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    assert made.returncode == -signal.SIGKILL
+    stage_dir = Path(made.stdout.strip())
+    entries = Entries([Entry("torch/inductor", KEY_A, b"compiled")])
+    assert staging.hand_over(stage_dir, "gw0", entries, FP) == {"object": None}
+    assert sorted(p.name for p in stage_dir.iterdir()) == [scratchmod.OWNER]
+    live = staging.make_stage_dir()  # its controller (this process) alive: handed over as before
+    try:
+        handed = staging.hand_over(live, "gw0", entries, FP)
+        assert handed["object"] and Path(handed["object"]).is_file()
+    finally:
+        staging.remove_stage_dir(live)
+    assert not live.exists()

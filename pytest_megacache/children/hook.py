@@ -357,12 +357,13 @@ class RestoreSignal:
 
 class Spool:
     """A session's spool: a private directory (0700) named in :data:`SPOOL_ENV` for the processes this one starts
-    from now on, read back at the end, then removed and the variable put back as it was."""
+    from now on, read back at the end, then removed and the variable put back as it was. It has an owner, as the
+    session's scratch has (:func:`..scratch.owned_dir`): a later session removes it if this one is killed."""
 
     def __init__(self) -> None:
-        import tempfile  # the parent's side only: a child's exit imports this module without it
+        from ..scratch import SPOOL_PREFIX, owned_dir  # the parent's side only: a child's exit imports this module
 
-        self.path = tempfile.mkdtemp(prefix="megacache-children-")
+        self.path, self._owner, _swept = owned_dir(SPOOL_PREFIX)
         self._before = os.environ.get(SPOOL_ENV)
         os.environ[SPOOL_ENV] = self.path
 
@@ -376,9 +377,10 @@ class Spool:
                 del os.environ[SPOOL_ENV]
             else:
                 os.environ[SPOOL_ENV] = self._before
-        import shutil
+        from ..scratch import release
 
-        shutil.rmtree(self.path, ignore_errors=True)
+        owner, self._owner = self._owner, None
+        release(self.path, owner)
 
 
 def _list(spool: str, rejects: list[str]) -> list[str] | None:

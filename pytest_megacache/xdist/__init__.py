@@ -181,9 +181,9 @@ class Controller(Role):
         the session or its workers."""
         super().release()
         if self.stage_dir is not None:
-            import shutil
+            from . import staging
 
-            shutil.rmtree(self.stage_dir, ignore_errors=True)
+            staging.remove_stage_dir(self.stage_dir)
             self.stage_dir = None
 
     def worker_times(self) -> list[ProcessTimes]:

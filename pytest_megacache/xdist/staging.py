@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from ..bundle import Entries, Entry
 from ..errors import BundleError, StoreError, redact_cut
 from ..fsutil import write_atomic
 from ..report import LoadStats, ProcessTimes, RestoreStats, XdistStats, as_count
+from ..scratch import STAGE_PREFIX, owned_dir, owner_alive, release
 from ..stores import LocalDirStore, ObjectInfo, new_object_name
 
 STAGE_FOLDER = "staged"
@@ -61,8 +61,19 @@ class StagedStore(LocalDirStore):
         return super().list(folder)
 
 
+_OWNERS: dict[str, int | None] = {}  # the staging directories this process owns: their lock's descriptor
+
+
 def make_stage_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="pytest-megacache-xdist-"))
+    """A new staging directory owned by this process (:func:`..scratch.owned_dir`): removed by a later session once
+    this one is gone, even killed."""
+    path, fd, _swept = owned_dir(STAGE_PREFIX)
+    _OWNERS[path] = fd
+    return Path(path)
+
+
+def remove_stage_dir(stage_dir: Path) -> None:
+    release(str(stage_dir), _OWNERS.pop(str(stage_dir), None))
 
 
 def stage(stage_dir: Path, entries: Entries, fingerprint: str, ok: bool, selections: list[str] | None = None,
@@ -101,6 +112,8 @@ def hand_over(stage_dir: Path | None, worker_id: str, entries: Entries, fingerpr
     if not entries:
         return {"object": None}
     if stage_dir is not None:
+        if not owner_alive(str(stage_dir)):  # its controller is gone (killed): no one would take it
+            return {"object": None}
         out = stage_dir / OUT_FOLDER
         out.mkdir(exist_ok=True)
         target = out / f"{worker_id}-{os.getpid()}.mcb"
