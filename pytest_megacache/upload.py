@@ -13,6 +13,7 @@ from . import bundle as bundlemod
 from . import envpolicy
 from .bundle import PRECOMPILE_KIND, Entries, Entry, Limits
 from .compaction import PART_FIELD, Compaction, Held
+from .dynamo import tag_of_test, traced_in
 from .errors import BundleError, LocalDiskError, StoreError, note_free, redact_cut
 from .report import TorchStats, UploadStats, human_bytes
 from .scratch import Scratch, unlink
@@ -341,7 +342,20 @@ class Upload:
         for (kind, key), seconds in self.restored_cold_seconds().items():
             if (kind, key) in payload:
                 out.setdefault(f"{kind[len(bundlemod.TORCH_PREFIX):]}:{key}", seconds)
+        for artifact, seconds in self.traced_seconds(payload).items():
+            out.setdefault(artifact, seconds)
         return dict(list(out.items())[:MAX_COLD_SECONDS])
+
+    def traced_seconds(self, payload: Entries) -> dict[str, float]:
+        """For the Dynamo entries of ``payload`` (written at the session's end, outside any test): of the compile
+        seconds of each test a variant was traced in (its tag), a share among the entries traced there. A frame taken
+        from the store spares them: it is neither traced nor are its graphs looked up."""
+        tests = {tag_of_test(nodeid): float(record["seconds"]) for nodeid, record in self.owner.torch_stats.per_test.items()}
+        traced = {e.name: set(traced_in(e.data)) & tests.keys() for e in payload if e.kind == PRECOMPILE_KIND}
+        shares = {tag: sum(tag in tags for tags in traced.values()) for tag in tests}
+        layer = PRECOMPILE_KIND[len(bundlemod.TORCH_PREFIX):]
+        return {f"{layer}:{name}": round(sum(tests[tag] / shares[tag] for tag in tags), 4)
+                for name, tags in traced.items() if tags}
 
     def upload_meta(self, payload: Entries) -> dict[str, object]:
         ts = self.owner.torch_stats

@@ -65,10 +65,11 @@ from .proofs import (
     prove_class,
     source_id,
     tag_of_test,
+    traced_in,
     unpack_guards,
 )
 
-__all__ = ["COUNTERS", "before_first_load", "install", "refusal_reasons", "set_test", "used_entries"]  # for the rest
+__all__ = ["COUNTERS", "before_first_load", "install", "refusal_reasons", "set_test", "tag_of_test", "traced_in", "used_entries"]
 
 # Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
 # chain of code edits against eager, the version suite's reuse tier): 2.11 on an H100 host and on CPU, 2.12 to 2.15
@@ -91,8 +92,7 @@ COUNTERS = ("dynamo_reused", "dynamo_frames_reused", "dynamo_traced", "dynamo_st
 
 
 def release_checked(version: str, releases: tuple[str, ...] = CHECKED_RELEASES) -> bool:
-    """Whether ``torch.__version__`` is one of ``releases`` (minor releases: by default those these wrappers were
-    checked on)."""
+    """Whether ``version`` is one of ``releases`` (minor releases; by default those these wrappers were checked on)."""
     match = re.match(r"(\d+)\.(\d+)", version)
     return bool(match) and f"{match.group(1)}.{match.group(2)}" in releases  # type: ignore[union-attr]
 

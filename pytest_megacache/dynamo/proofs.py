@@ -130,6 +130,26 @@ def tag_of_test(nodeid: str) -> str:
     return hashlib.sha256(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+def traced_in(entry: bytes) -> list[str]:
+    """The tags of the tests the variants of a stored entry were traced in (:func:`tag_of_test`), one per variant
+    that has one, read from the entry's bytes without unpickling it: each variant's guards are :func:`pack_guards`'s
+    bytes, kept whole in torch's pickle. What cannot be read is left out."""
+    tags: list[str] = []
+    at = entry.find(_MAGIC)
+    while at >= 0 and len(tags) < 10_000:
+        start = at + len(_MAGIC) + 8
+        size = int.from_bytes(entry[at + len(_MAGIC):start], "big")
+        try:
+            header = json.loads(entry[start:start + size]) if 0 < size <= 1 << 20 else None
+        except ValueError:
+            header = None
+        test = header.get("test") if isinstance(header, dict) else None
+        if isinstance(test, str) and test:
+            tags.append(test)
+        at = entry.find(_MAGIC, at + len(_MAGIC))
+    return tags
+
+
 def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes, tuple[str, bool]]:
     """The proofs, the compile context, torch's guard state and where the variant was traced: the tag of its test
     ("" where none was recorded) and whether it was traced in place of a variant of that test passed over there;

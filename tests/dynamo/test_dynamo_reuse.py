@@ -933,6 +933,20 @@ class TestDynamoReuse:
         assert (_compiles(cold, test), _compiles(warm, test)) == (2, 1)
         assert _counters(warm)["dynamo_refused_missing_module"] >= 1
 
+    def test_the_seconds_saved_count_the_dynamo_entries_taken(self, reuse_chain: ReuseChain) -> None:
+        """A stored Dynamo entry carries the compile seconds of the tests its variants were traced in (its share among
+        the entries traced there; written at the session's end, outside any test, it had none): a warm session that
+        takes it counts them saved, where its graphs are never looked up."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        assert cold.report is not None and warm.report is not None
+        recorded = {artifact: seconds for _path, header, _entries in _objects(reuse_chain.project.path / "store")
+                    for artifact, seconds in (header.extra.get("cold_seconds") or {}).items()
+                    if artifact.startswith("precompile:")}
+        assert len(recorded) >= 10 and all(seconds > 0 for seconds in recorded.values()), recorded
+        spared = cold.report["torch"]["compile_seconds"] - warm.report["torch"]["compile_seconds"]
+        saved = warm.report["torch"]["seconds_saved"]
+        assert 0.5 * spared <= saved <= cold.report["torch"]["compile_seconds"], (saved, spared)
+
     def test_the_report_says_what_was_reused_and_refused(self, reuse_chain: ReuseChain) -> None:
         """The report counts it, and torch prints nothing of its own about it: its warnings about caching
         precompile's bookkeeping (a frame not stored, a variant whose graph was not) never show in a session

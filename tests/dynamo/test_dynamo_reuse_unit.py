@@ -914,3 +914,16 @@ def test_torchs_warnings_about_caching_precompiles_bookkeeping_are_kept_from_the
         for logger, before in zip(loggers, filters_before, strict=True):
             logger.removeHandler(handler)
             logger.filters[:] = before
+
+
+def test_the_tests_an_entrys_variants_were_traced_in_are_read_from_its_bytes() -> None:
+    """A stored entry is torch's pickle with each variant's guards kept whole: the tags are read without unpickling,
+    one per variant traced in a test; a variant traced outside any test, or a header that does not parse, has none."""
+    a, b = dp.tag_of_test("t.py::test_a"), dp.tag_of_test("t.py::test_b")
+    variants = [dp.pack_guards([], "ctx", b"state-1", a), dp.pack_guards([], "ctx", b"state-2"),
+                dp.pack_guards([], "ctx", b"state-3", b, retraced=True)]
+    entry = pickle.dumps({"codes": [{"guards": v} for v in variants]})
+    assert dp.traced_in(entry) == [a, b]
+    broken = variants[0][:-len(b"state-1") - 3] + b"\xff\xfe\xfd" + b"state-1"  # its JSON header cut
+    assert dp.traced_in(pickle.dumps([broken, variants[2]])) == [b]
+    assert dp.traced_in(b"no guards here") == []
