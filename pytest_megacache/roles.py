@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import isaprobe
+from . import dynamo, isaprobe
 from . import report as reportmod
 from .context import Context
 from .errors import MegacacheWarning, redact, redact_cut
@@ -43,6 +43,7 @@ class Role:
     def __init__(self, config: pytest.Config, ctx: Context) -> None:
         self.config, self.ctx, self.settings = config, ctx, ctx.settings
         self.started = time.perf_counter()
+        self.offered_before = dynamo.offered_seconds()  # this process's, since an earlier session in it (pytester)
         self.age_at_start = process_age()
         self._collected: float | None = None  # perf_counter() when collection finished
         self._run_end: tuple[float, float] | None = None  # perf_counter() and the restore waits when tests ended
@@ -168,7 +169,8 @@ class Role:
         isa_elsewhere = t.isa_check - in_backend
         if self.session is not None and self.session.load_stats.called:
             t.load = self.session.load_stats.seconds
-        t.tests = max(0.0, run_end - collected - waited - t.load - compiled - imported_in_tests - isa_elsewhere)
+        t.reused = round(dynamo.offered_seconds() - self.offered_before, 4)  # inside the tests, outside the compiles
+        t.tests = max(0.0, run_end - collected - waited - t.load - compiled - imported_in_tests - isa_elsewhere - t.reused)
         t.total = (t.startup or 0.0) + now - self.started
         return t
 

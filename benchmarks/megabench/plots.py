@@ -16,7 +16,7 @@ from .records import Run
 # from outside.
 PHASE_COLORS = {"startup": "#95a5a6", "collect": "#bdc3c7", "imports": "#7f8c8d", "restore_wait": "#e67e22",
                 "load": "#f39c12", "dynamo": "#8e44ad", "backend": "#c0392b", "isa_check": "#f1948a", "backward": "#e74c3c",
-                "compile_other": "#d35400", "tests": "#27ae60", "finish": "#2980b9", "exit": "#34495e"}
+                "compile_other": "#d35400", "reused": "#48c9b0", "tests": "#27ae60", "finish": "#2980b9", "exit": "#34495e"}
 MODE_COLORS = {"plain": "#7f8c8d",
                "cold": "#c0392b", "warm": "#27ae60", "warm-auto": "#16a085", "warm-keep": "#1abc9c", "hot": "#2980b9",
                "naive": "#8e44ad", "cold-xdist": "#e67e22", "warm-xdist": "#f1c40f",

@@ -44,7 +44,6 @@ import functools
 import importlib.util
 import inspect
 import os
-import pickle
 import re
 import sys
 from typing import Any
@@ -54,7 +53,7 @@ from .backends import backends_recorded_once, eager_graphs_stored, wrapped_after
 from .context import innermost_backend
 from .effects import bookkeeping_quiet, code_key, failed_load_contained, watch_warnings
 from .merge import enterable_codes, entry_signature, packages_merged, stored_code
-from .offers import Offer, Offers, offer_where_traced
+from .offers import Offer, Offers, offer_where_traced, offered_seconds
 from .proofs import (
     Refused,
     code_digest,
@@ -63,13 +62,15 @@ from .proofs import (
     pack_guards,
     prove,
     prove_class,
+    reason_of,
     source_id,
     tag_of_test,
     traced_in,
     unpack_guards,
 )
 
-__all__ = ["COUNTERS", "before_first_load", "install", "refusal_reasons", "set_test", "tag_of_test", "traced_in", "used_entries"]
+__all__ = ["COUNTERS", "before_first_load", "install", "offered_seconds", "refusal_reasons", "set_test", "tag_of_test",
+           "traced_in", "used_entries"]
 
 # Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
 # chain of code edits against eager, the version suite's reuse tier): 2.11 on an H100 host and on CPU, 2.12 to 2.15
@@ -150,22 +151,10 @@ class _Reuse:
             self.reasons[reason] = redact_cut(detail, 200)
 
     def refuse_error(self, exc: BaseException) -> None:
-        self.refuse(_reason_of(exc), f"{type(exc).__name__}: {exc}")
+        self.refuse(reason_of(exc), f"{type(exc).__name__}: {exc}")
 
 
 _STATE: _Reuse | None = None
-
-
-def _reason_of(exc: BaseException) -> str:
-    if isinstance(exc, Refused):
-        return exc.reason
-    if isinstance(exc, ImportError):
-        return "missing_module"
-    if isinstance(exc, RuntimeError) and "Source code changes detected" in str(exc):
-        return "code_changed"
-    if isinstance(exc, (pickle.PickleError, AttributeError, EOFError)):
-        return "unpicklable"
-    return "torch_error"
 
 
 def install(rootdir: str) -> str | None:
@@ -287,11 +276,11 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         try:
             data = serialize(self, builder, sorted_guards, output_graph)
         except torch._dynamo.exc.PackageError as exc:
-            state.refuse(_reason_of(exc.__cause__) if exc.__cause__ else "unsupported_guard", str(exc))
+            state.refuse(reason_of(exc.__cause__) if exc.__cause__ else "unsupported_guard", str(exc))
             raise
         except Exception as exc:  # noqa: BLE001 - e.g. TypeError for the type of a local defined in local scope
             # torch raises these past its own bypass, which would fail the test: this frame is not stored instead
-            reason = "unsupported_guard" if isinstance(exc, TypeError) else _reason_of(exc)
+            reason = "unsupported_guard" if isinstance(exc, TypeError) else reason_of(exc)
             state.refuse(reason, f"{type(exc).__name__}: {exc}")
             raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         state.count("dynamo_stored")
@@ -372,7 +361,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             if code_digest(stored) != code_digest(func.__code__):
                 raise Refused("code_changed", f"{func.__qualname__} changed since it was traced")
         except Exception as exc:  # noqa: BLE001
-            state.refuse(_reason_of(exc), str(exc))
+            state.refuse(reason_of(exc), str(exc))
             return None
         return result
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -228,6 +229,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
     def _compile(*args: Any, **kwargs: Any) -> Any:
         context, outer = None, state.retraced  # outer: an enclosing compile's, put back when this one ends
         state.retraced = False  # set by reused() for the frame traced next
+        started = time.perf_counter()
         try:
             bound = signature.bind(*args, **kwargs).arguments
             context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"])
@@ -235,6 +237,8 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         except Exception as exc:  # noqa: BLE001 - any failure: the frame is traced as without the option
             state.refuse("torch_error", f"stored variants not offered: {type(exc).__name__}: {exc}")
             result = None
+        finally:
+            _OFFERED[0] += time.perf_counter() - started
         if result is not None:
             state.retraced = outer
             return result
@@ -254,6 +258,15 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             state.retraced = outer
 
     convert_frame._compile = _compile
+
+
+_OFFERED = [0.0]  # seconds spent offering stored variants in this process (taken or passed over)
+
+
+def offered_seconds() -> float:
+    """The seconds this process spent offering stored variants where Dynamo was about to trace: before torch's
+    compile timings start (a frame taken is never compiled), so its own phase of the process's time."""
+    return _OFFERED[0]
 
 
 class _Unpackaged(Exception):

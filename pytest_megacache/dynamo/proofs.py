@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -128,6 +129,19 @@ def tag_of_test(nodeid: str) -> str:
     """What a stored variant keeps of the test it was traced in: a digest of its id (an id may carry a parameter's
     value)."""
     return hashlib.sha256(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def reason_of(exc: BaseException) -> str:
+    """The refusal reason of what failed while a frame was stored or loaded."""
+    if isinstance(exc, Refused):
+        return exc.reason
+    if isinstance(exc, ImportError):
+        return "missing_module"
+    if isinstance(exc, RuntimeError) and "Source code changes detected" in str(exc):
+        return "code_changed"
+    if isinstance(exc, (pickle.PickleError, AttributeError, EOFError)):
+        return "unpicklable"
+    return "torch_error"
 
 
 def traced_in(entry: bytes) -> list[str]:

@@ -246,7 +246,9 @@ class ProcessTimes:
     tracing, guards, bytecode; backend: AOTAutograd and Inductor for forward graphs, cache lookups and kernel
     builds included; isa_check: torch's CPU vector-ISA load checks, which run inside the first CPU compile, taken
     out of backend (isaprobe; 0 with the reuse off); backward: lazily compiled backward graphs; compile_other:
-    the rest of the compile callbacks' time), tests (the rest of running the tests) and finish (collecting and
+    the rest of the compile callbacks' time), reused (``--megacache-precompile``: stored Dynamo variants offered where
+    Dynamo was about to trace, taken or passed over, before torch's compile timings start), tests (the rest of
+    running the tests) and finish (collecting and
     uploading, or handing over). Only the interpreter's exit (atexit, Inductor's compile pool) is left: whoever
     started the process measures it.
     """
@@ -262,6 +264,7 @@ class ProcessTimes:
     isa_check: float = 0.0
     backward: float = 0.0
     compile_other: float = 0.0
+    reused: float = 0.0
     tests: float = 0.0
     finish: float = 0.0
     total: float = 0.0  # process start (or configure, without startup) to the report
