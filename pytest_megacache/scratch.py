@@ -28,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: scratch directories are removed by their own session only
     fcntl = None  # type: ignore[assignment]
 
-from .errors import LocalDiskError
+from .errors import LocalDiskError, note_free
 from .layout import OBJECT_SUFFIX
 
 TYPE_CHECKING = False
@@ -69,7 +69,8 @@ def _claim(path: str) -> int | None:
     return fd
 
 
-def _release(path: str, fd: int | None) -> None:
+def release(path: str, fd: int | None) -> None:
+    """Remove an owned directory, then let its lock go."""
     shutil.rmtree(path, ignore_errors=True)
     if fd is not None:
         try:
@@ -92,29 +93,36 @@ def owned_dir(prefix: str, base: str | None = None) -> tuple[str, int | None, tu
     return path, fd, swept
 
 
-def release(path: str, fd: int | None) -> None:
-    """Remove an owned directory, then let its lock go."""
-    _release(path, fd)
-
-
 def owner_alive(path: str) -> bool:
     """Whether the process that owns the directory ``path`` still runs (holds its owner file's lock). True where
     it cannot be told (no ``flock``, an owner file made by an older version)."""
     if fcntl is None:  # pragma: no cover - Windows
         return True
     try:
-        fd = os.open(os.path.join(path, OWNER), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = _lock_if_gone(path)
     except FileNotFoundError:
         return os.path.isdir(path)  # no owner file: an older version's, or being made
     except OSError:
         return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    if fd is None:
         return True  # held
-    finally:
-        os.close(fd)  # a lock taken here goes with it
+    os.close(fd)  # the lock taken here goes with it
     return False
+
+
+def _lock_if_gone(folder: str) -> int | None:
+    """The owner file of ``folder``, open and locked by this process where its owner is gone (the caller closes it),
+    None where the owner holds it (or there is no ``flock``). Raises FileNotFoundError without an owner file, and
+    OSError where it cannot be opened."""
+    fd = os.open(os.path.join(folder, OWNER), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if fcntl is None:  # pragma: no cover - Windows
+            raise OSError("no flock")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its session is running
+        os.close(fd)
+        return None
+    return fd
 
 
 def sweep(base: str, now: float | None = None) -> tuple[int, int]:
@@ -131,12 +139,13 @@ def sweep(base: str, now: float | None = None) -> tuple[int, int]:
         try:
             if not stat.S_ISDIR(os.lstat(folder).st_mode):
                 continue
-            fd = os.open(os.path.join(folder, OWNER), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                         | getattr(os, "O_CLOEXEC", 0))
+            fd = _lock_if_gone(folder)
         except FileNotFoundError:
             fd = -1
         except OSError:
             continue
+        if fd is None:
+            continue  # its session is running
         if fd < 0:
             try:
                 if now - os.lstat(folder).st_mtime <= UNOWNED_AGE:
@@ -147,12 +156,6 @@ def sweep(base: str, now: float | None = None) -> tuple[int, int]:
             shutil.rmtree(folder, ignore_errors=True)
         else:
             try:
-                if fcntl is None:  # pragma: no cover - Windows
-                    continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:  # held: its session is running
-                    continue
                 bytes_ = _tree_bytes(folder)
                 shutil.rmtree(folder, ignore_errors=True)  # under its owner's lock, now this process's
             finally:
@@ -193,7 +196,7 @@ class Scratch:
                     path, fd, self.swept = owned_dir(PREFIX, base)  # its owner file: the first write there
                 except OSError as exc:
                     raise _refused(exc, base) from exc
-                self._release = weakref.finalize(self, _release, path, fd)
+                self._release = weakref.finalize(self, release, path, fd)
                 self._path = path
             return self._path
 
@@ -219,10 +222,11 @@ class Scratch:
         except Exception as exc:
             # the store's read went well; writing it here (or flushing it, at the close) did not
             fault = dest.failed if dest is not None and dest.failed is not None else local_fault(exc)
-            error = LocalDiskError.of(fault, path, f"fetching {name}") if fault is not None else None
+            if fault is not None:
+                note_free(fault, path)  # before the partial file goes
             unlink(path)
-            if error is not None:
-                raise error from exc
+            if fault is not None:
+                raise LocalDiskError.of(fault, path, f"fetching {name}") from exc
             raise
         except BaseException:
             unlink(path)

@@ -318,6 +318,17 @@ def _describe(exc: BaseException) -> str:
     return redact_cut(str(exc) or type(exc).__name__)
 
 
+class _Digest:
+    """A sink that keeps only the digest of what is written to it."""
+
+    def __init__(self) -> None:
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        return len(data)
+
+
 class S3Store:
     """Objects at ``s3://bucket/folder/name``, through a boto3 client passed in or built from settings."""
 
@@ -413,14 +424,14 @@ class S3Store:
         return True
 
     def put(self, folder: str, name: str, data: bytes) -> None:
-        self._put_new(self._key(folder, name), io.BytesIO(data))
+        self._put_new(folder, name, io.BytesIO(data))
 
     def put_file(self, folder: str, name: str, path: str) -> None:
         """One PUT whose body is read from the file (botocore rewinds it for a retry)."""
-        key = self._key(folder, name)
+        self._key(folder, name)  # a bad name is refused before the file is opened
         try:
             with open(path, "rb") as body:
-                self._put_new(key, body)
+                self._put_new(folder, name, body)
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}", "io") from exc
 
@@ -431,13 +442,14 @@ class S3Store:
         except Exception:  # noqa: BLE001 - a client without botocore's model: no condition to send
             return False
 
-    def _put_new(self, key: str, body: BinaryIO) -> None:
+    def _put_new(self, folder: str, name: str, body: BinaryIO) -> None:
         """PUT ``body`` at ``key`` unless an object is there: a conditional write (``If-None-Match: *``), which S3
         and most compatible endpoints honour. An endpoint that does not implement it (501) gets the plain PUT: the
         unique name is then the only guard, as it is with a botocore too old to send the condition. A name found
         taken by these very bytes is this PUT's own: botocore retried a PUT that had landed, its answer lost."""
         from botocore.exceptions import ClientError
 
+        key = self._key(folder, name)
         for conditional in (True, False) if self._conditional_puts() else (False,):
             body.seek(0)
             condition = {"IfNoneMatch": "*"} if conditional else {}
@@ -449,31 +461,24 @@ class S3Store:
                 cause = exc.__cause__
                 code = str(cause.response.get("Error", {}).get("Code", "")) if isinstance(cause, ClientError) else ""
                 if code in _TAKEN:
-                    if self._holds(key, body):
+                    if self._holds(folder, name, body):
                         return
-                    raise StoreError(f"object {key.rpartition('/')[2]} already exists", "other") from cause
+                    raise StoreError(f"object {name} already exists", "other") from cause
                 if not (conditional and code in _NO_CONDITIONS):
                     raise
 
-    def _holds(self, key: str, body: BinaryIO) -> bool:
-        """Whether the object at ``key`` holds ``body``'s bytes (read again from its start): digests of both, a
-        chunk at a time. Any failure to read either is a no."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        mine, theirs = hashlib.sha256(), hashlib.sha256()
+    def _holds(self, folder: str, name: str, body: BinaryIO) -> bool:
+        """Whether the object ``name`` holds ``body``'s bytes (read again from its start): digests of both, a chunk
+        at a time, the object's through :meth:`fetch`. Any failure to read either is a no."""
+        mine, theirs = hashlib.sha256(), _Digest()
         try:
             body.seek(0)
             while chunk := body.read(_CHUNK):
                 mine.update(chunk)
-            stored = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
-            try:
-                while chunk := stored.read(_CHUNK):
-                    theirs.update(chunk)
-            finally:
-                stored.close()
-        except (BotoCoreError, ClientError, OSError):
+            found = self.fetch(folder, name, 1 << 62, theirs)  # type: ignore[arg-type]
+        except (StoreError, OSError):
             return False
-        return mine.digest() == theirs.digest()
+        return found and mine.digest() == theirs.sha256.digest()
 
     def delete(self, folder: str, name: str) -> None:
         self._call("delete", self.client.delete_object, Key=self._key(folder, name))
