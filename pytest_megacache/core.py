@@ -14,16 +14,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import bundle as bundlemod
-from .bundle import Entries, Entry, Limits
+from .bundle import Entries, Limits
 from .compaction import PART_FIELD, STALE_GROUP_SECONDS, Held, units
 from .errors import BundleError, LocalDiskError, StoreError, redact_cut
 from .files import FileRoot, torch_cache_ident
 from .report import LoadStats, RestoreStats, TorchStats, UploadStats
-from .restore import RESTORE_GRACE, Diagnosis, Restore, nearest_fingerprint, producer_selections
+from .restore import RESTORE_GRACE, Diagnosis, Restore, Stager, nearest_fingerprint, producer_selections
 from .scratch import Scratch
 from .stores import Deadline, ObjectInfo, Store, bounded
 from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
-from .upload import Upload, artifact_ident, plural_entries, restored_cold_seconds
+from .upload import Profiles, Upload, artifact_ident, plural_entries, restored_cold_seconds
 
 __all__ = [
     "PART_FIELD", "RESTORE_GRACE", "STALE_GROUP_SECONDS", "CacheSession", "Diagnosis", "Held", "nearest_fingerprint",
@@ -33,10 +33,6 @@ __all__ = [
 # Store failures that make every later call fail too: report once, do not try to upload.
 STORE_DOWN_KINDS = frozenset({"unreachable", "no-bucket", "denied", "credentials", "config", "timeout"})
 _ident = artifact_ident
-
-
-# xdist workers' copies of each dynamic-shape profile, by its (kind, key)
-Profiles = Mapping[tuple[str, str], Sequence[Entry]]
 
 
 class CacheSession:
@@ -63,7 +59,7 @@ class CacheSession:
         restore_timeout: float = 120.0,
         upload_timeout: float = 60.0,
         diagnosis: Diagnosis | None = None,
-        stage: Callable[[Entries, str, bool, list[str]], None] | None = None,
+        stage: Stager | None = None,
         on_settled: Callable[[], None] | None = None,
     ) -> None:
         self._store_factory = store_factory

@@ -65,6 +65,10 @@ class Fetched:
     in_memory: bool = False  # decoded with its files held in memory (no room for them in the scratch directory)
 
 
+# An xdist controller's staging of the restore for its workers: (entries, fingerprint, ok, the producers' selections)
+Stager = Callable[[Entries, str, bool, list[str]], None]
+
+
 class Owner(Protocol):
     """What the restore reads of its session: where and what to restore, and where to say a problem."""
 
@@ -77,7 +81,7 @@ class Owner(Protocol):
     reads: bool
     restore_timeout: float
     diagnosis: Diagnosis | None
-    stage: Callable[[Entries, str, bool, list[str]], None] | None
+    stage: Stager | None
     on_settled: Callable[[], None] | None
     scratch: Scratch
 

@@ -40,6 +40,10 @@ def plural_entries(n: int) -> str:
     return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
+# xdist workers' copies of each dynamic-shape profile, by its (kind, key)
+Profiles = Mapping[tuple[str, str], Sequence[Entry]]
+
+
 class Owner(Protocol):
     """What the upload reads of its session: where it writes, what the restore gave, and where to say a problem."""
 
@@ -88,7 +92,7 @@ class Upload:
         self.stats = UploadStats()
 
     def run(self, session: Entries, worker_entries: Entries | None,
-            worker_profiles: Mapping[tuple[str, str], Sequence[Entry]] | None) -> None:
+            worker_profiles: Profiles | None) -> None:
         """Store what is new of ``session`` (what the session collected) and of its workers' entries and profiles;
         merge the scope's objects with it when they are too many or overlap, then compact."""
         up = self.stats
@@ -298,7 +302,7 @@ class Upload:
         return None
 
 
-    def merge_worker_profiles(self, copies: Mapping[tuple[str, str], Sequence[Entry]], timeout: float,
+    def merge_worker_profiles(self, copies: Profiles, timeout: float,
                               merge: Callable[[bytes | None, Sequence[bytes], float], bytes | None] | None = None,
                               ) -> Entries:
         """One profile per key from the copies xdist workers handed over (each grew the restored one with
