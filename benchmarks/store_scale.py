@@ -7,9 +7,11 @@ four shards of one suite before and after the first warm session merges their ob
 
 Each cold and warm session is a process of its own, and so is its baseline: the same process, the same imports
 and the same files moved into the cache directory, with the plugin's work left out (plugin off). Peak memory is
-the process's peak resident set (``ru_maxrss``); "added" is the session's less its baseline's. The synthetic
-kernel files compress about 2:1 and are 8 MB each (the precompiled header of a CPU run is 156 MB, Inductor's
-kernels are KBs to MBs).
+the process's peak resident set (``ru_maxrss``); "added" is the session's less its baseline's. Each session has a
+TMPDIR of its own holding its cache directory (where torch puts it by default): the peak of what the session holds
+there, sampled every 20 ms (the cache directory's files and the plugin's scratch files, apart), is printed for the
+warm sessions. The synthetic kernel files compress about 2:1 and are 8 MB each (the precompiled header of a CPU run
+is 156 MB, Inductor's kernels are KBs to MBs).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from pytest_megacache.files import FileRoot
 
     cache = Path(args.cache)
+    tmp = cache.parent / f"{cache.name}-tmp"  # the session's TMPDIR: its scratch files, and its cache directory
+    tmp.mkdir(parents=True, exist_ok=True)
+    tempfile.tempdir = str(tmp)
+    cache = tmp / "inductor"
+    sampler = DiskPeak(tmp, cache)
     store = store_for(args.store, args.where)
     limits = Limits(max_object_bytes=args.max_object) if args.max_object else DEFAULT_LIMITS
     session = CacheSession(store_factory=lambda: store, folder=FOLDER, fingerprint=FP,
@@ -88,13 +96,55 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         session.finish(None)  # collects what the cache directory gained, and uploads it
     session.close()
     finished = time.perf_counter() - start
+    sampler.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
     r, up = session.restore_stats, session.upload_stats
     return {"restore_s": round(restored, 2), "finish_s": round(finished, 2), "fetched": r.bytes_fetched,
             "raw_fetched": r.raw_fetched, "raw_unique": r.raw_unique, "raw_decompressed": r.raw_decompressed,
             "objects_used": r.objects_used,
             "files_written": r.files_written, "uploaded": up.bytes + up.merged_bytes, "objects_up":
             up.objects + up.merged_objects, "problems": session.problems,
-            "peak_mb": peak_mb()}
+            "peak_mb": peak_mb(), "tmp_peak": sampler.peak, "scratch_peak": sampler.scratch_peak,
+            "cache_bytes": sampler.cache_last}
+
+
+def tree_bytes(path: Path) -> int:
+    """The disk space the files below ``path`` take (allocated blocks), 0 where it is gone."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+class DiskPeak:
+    """The most a TMPDIR held while this process ran, sampled every 20 ms: in all, and outside its cache
+    directory (the plugin's scratch files)."""
+
+    def __init__(self, tmp: Path, cache: Path) -> None:
+        self.tmp, self.cache = tmp, cache
+        self.peak = self.scratch_peak = self.cache_last = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        cache = tree_bytes(self.cache)
+        total = tree_bytes(self.tmp)
+        self.peak, self.cache_last = max(self.peak, total), cache
+        self.scratch_peak = max(self.scratch_peak, total - cache)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
 
 
 def peak_mb() -> float:
@@ -232,11 +282,13 @@ def main() -> None:
 def print_size(row: dict[str, Any]) -> None:
     c, co, w, wo = row["cold"], row["cold_off"], row["warm"], row["warm_off"]
     print(f"\n{row['store']:>3} {mb(row['raw'])} raw")
-    print("  session  seconds  objects  stored/fetched  peak RSS  plugin off  added")
+    print("  session  seconds  objects  stored/fetched  peak RSS  plugin off  added  TMPDIR peak  of it scratch"
+          "  cache files")
     print(f"  cold     {c['finish_s']:7.1f}  {c['objects_up']:7d}  {mb(c['uploaded']):>14}  {c['peak_mb']:6.0f} MB"
           f"  {co['peak_mb']:7.0f} MB  {c['peak_mb'] - co['peak_mb']:5.0f} MB")
     print(f"  warm     {w['restore_s']:7.1f}  {w['objects_used']:7d}  {mb(w['fetched']):>14}  {w['peak_mb']:6.0f} MB"
-          f"  {wo['peak_mb']:7.0f} MB  {w['peak_mb'] - wo['peak_mb']:5.0f} MB")
+          f"  {wo['peak_mb']:7.0f} MB  {w['peak_mb'] - wo['peak_mb']:5.0f} MB  {mb(w['tmp_peak']):>11}"
+          f"  {mb(w['scratch_peak']):>13}  {mb(w['cache_bytes']):>11}")
     for rec in (c, w):
         if rec["problems"]:
             print("  problems:", "; ".join(rec["problems"])[:500])

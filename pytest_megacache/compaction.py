@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from . import bundle as bundlemod
 from .bundle import NEWEST_WINS, Entries, Limits
-from .errors import StoreError
+from .errors import BundleError, StoreError
 from .layout import valid_object_name
 from .report import UploadStats
 from .scratch import Scratch, unlink
@@ -267,7 +267,11 @@ class Compaction:
         union = Entries()
         for held in sorted([current, *peers], key=lambda h: h.rank):
             union.merge(held.entries)
-        union = self.scrub(union)  # as what the session merged: no entry holding a secret's value is copied
+        try:
+            union = self.scrub(union)  # as what the session merged: no entry holding a secret's value is copied
+        except BundleError:  # a restored file changed in its cache directory since: these stay as they are
+            left.update(name for p in peers for name in p.objects)
+            return None
         taken = [p for p in peers if all(e.ident in union for e in p.entries)]
         left.update(name for p in peers if p not in taken for name in p.objects)
         if not taken or not all(e.ident in union for e in current.entries):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import getpass
+import hashlib
 import json
 import os
 import re
@@ -385,13 +386,19 @@ class FileRoot:
                     size += length
         return removed, size
 
-    def restore(self, entries: Iterable[Entry], refused: list[str] | None = None) -> tuple[int, int]:
+    def restore(self, entries: Iterable[Entry], refused: list[str] | None = None,
+                move: bool = False) -> tuple[int, int]:
         """Write this root's entries that are not there yet. Returns (written, already present).
 
         Each entry stands alone: one that cannot be written safely (an unsafe name, a symlink or a file in its way,
         an ELF file cut short by an older version's collect) is not written, its name and why go to ``refused``
         (torch rebuilds it), and the rest are written. Raises OSError only when the disk itself refuses (full,
         over quota, read-only), which no later entry would escape; a partial restore leaves only whole files.
+
+        ``move``: an entry whose bytes are a scratch file of the session's (with their digest) is moved into place
+        (linked there, on the same file system: no copy) and read from there from now on (:meth:`.Entry.moved`),
+        and so is one whose file is already in place with the same bytes: the session no longer holds a copy of
+        what its cache directory holds.
         """
         written = present = 0
         root = self.path.resolve()
@@ -402,9 +409,10 @@ class FileRoot:
                 validate_file_path(entry.name)
                 if problem := self.problem(entry):
                     raise BundleError(problem)
+                movable = move and entry.path is not None and entry.digest is not None
                 if self.name == "triton" and _TRITON_GROUP.fullmatch(entry.name.rpartition("/")[2]):
-                    entry = entry.with_data(relocate_triton_group(entry.name, entry.data, self.path))
-                if self._write(root, entry):
+                    entry, movable = entry.with_data(relocate_triton_group(entry.name, entry.data, self.path)), False
+                if self._write(root, entry, movable):
                     written += 1
                 else:
                     present += 1
@@ -419,8 +427,10 @@ class FileRoot:
         return written, present
 
     @staticmethod
-    def _write(root: Path, entry: Entry) -> bool:
-        """Write one entry under ``root`` unless its name is taken: True if written, False if already present."""
+    def _write(root: Path, entry: Entry, move: bool = False) -> bool:
+        """Write one entry under ``root`` unless its name is taken: True if written, False if already present. With
+        ``move``, the entry's scratch file is moved into place (or, where it is there already with the same bytes,
+        let go) and the entry reads from the file in place."""
         target = root.joinpath(*entry.name.split("/"))
         parent = target.parent
         # A symlinked directory inside the root could redirect the write: refuse it, before mkdir
@@ -431,6 +441,52 @@ class FileRoot:
         if not parent.resolve().is_relative_to(root):
             raise BundleError(f"resolves outside {root}")
         if os.path.lexists(target):
+            if move and _holds(str(target), entry):
+                _unlink(entry.moved(str(target)))
             return False
+        if move and (linked := _link_into_place(entry, str(target))) is not None:
+            return linked
         # Never over a name that appeared meanwhile (a concurrent writer's file stays).
-        return write_atomic(target, entry.chunks(), mode=entry.mode & 0o755, replace=False, lock=True)
+        written = write_atomic(target, entry.chunks(), mode=entry.mode & 0o755, replace=False, lock=True)
+        if written and move:
+            _unlink(entry.moved(str(target)))
+        return written
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _link_into_place(entry: Entry, target: str) -> bool | None:
+    """Move a file entry's scratch file to ``target`` as a second name of the same file (a hard link, then the
+    scratch name removed): True when moved, False when ``target`` appeared meanwhile (a concurrent writer's file
+    stays), None where the file system cannot link it there (another file system): the caller copies it then."""
+    assert entry.path is not None
+    try:
+        os.chmod(entry.path, entry.mode & 0o755)
+        os.link(entry.path, target)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno in _DISK_FULL:
+            raise
+        return None
+    _unlink(entry.moved(target))
+    return True
+
+
+def _holds(path: str, entry: Entry) -> bool:
+    """Whether the regular file at ``path`` holds ``entry``'s bytes (its size, then its digest)."""
+    try:
+        if os.lstat(path).st_size != entry.size or os.path.islink(path):
+            return False
+        sha = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                sha.update(chunk)
+    except OSError:
+        return False
+    return sha.digest() == entry.digest

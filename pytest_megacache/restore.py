@@ -65,8 +65,15 @@ class Fetched:
     in_memory: bool = False  # decoded with its files held in memory (no room for them in the scratch directory)
 
 
+def _created(head: bytes) -> float:
+    """When an object says it was made (its header's first bytes, unverified): the restore takes the newest first."""
+    doc = bundlemod.peek_header(head) or {}
+    return bundlemod.number(doc.get("created"), 0.0, bundlemod.MAX_CREATED) or 0.0
+
+
 # An xdist controller's staging of the restore for its workers: (entries, fingerprint, ok, the producers' selections)
-Stager = Callable[[Entries, str, bool, list[str]], None]
+# -> the staged object's path, None when it staged none
+Stager = Callable[[Entries, str, bool, list[str]], "str | None"]
 
 
 class Owner(Protocol):
@@ -106,6 +113,7 @@ class Restore:
         self.store_down = False  # nothing came through: an upload would not either
         self.wait_seconds = 0.0  # time callers spent blocked in wait() (the restore's cost to the session)
         self.local_fault: LocalDiskError | None = None  # the first local disk fault (said once, at the end)
+        self.staged: str | None = None  # an xdist controller's staged object, once its own copies of files are gone
         self._fault_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._deadline: Deadline | None = None
@@ -208,13 +216,28 @@ class Restore:
             self._diagnosed.set()
 
     def _stage(self) -> None:
-        """For an xdist controller: what was restored, staged for the workers before anyone may use it."""
+        """For an xdist controller: what was restored, staged for the workers before anyone may use it; its own copies
+        of the files go then (:func:`let_go`)."""
         if self.owner.stage is None:
             return
         try:
-            self.owner.stage(self.restored, self.owner.fingerprint, self.stats.ok, sorted(producer_selections(self.headers)))
+            staged = self.owner.stage(self.restored, self.owner.fingerprint, self.stats.ok,
+                                      sorted(producer_selections(self.headers)))
         except Exception as exc:  # noqa: BLE001
-            self.owner.problem(f"staging the restore for the xdist workers: {type(exc).__name__}: {redact_cut(str(exc))}")
+            return self.owner.problem(f"staging the restore for the xdist workers: {type(exc).__name__}: "
+                                      f"{redact_cut(str(exc))}")
+        if staged is not None and not self.owner.roots:
+            self.staged = let_go(self.restored, staged)
+
+    def reload(self) -> None:
+        """Before a merge: an xdist controller's files, read back from the object it staged (:func:`read_back`)."""
+        staged, self.staged = self.staged, None
+        try:
+            if staged is None:
+                return
+            read_back(staged, self.restored, self.owner.fingerprint, self.owner.limits, self.owner.scratch.path())
+        except (BundleError, OSError) as exc:
+            self.owner.problem(f"reading back the staged restore for a merge: {redact_cut(str(exc))}")
 
     def _snapshot(self) -> None:
         try:
@@ -240,17 +263,12 @@ class Restore:
             if not store.fetch(folder, info.name, min(IN_MEMORY_BYTES, self.owner.limits.max_object_bytes), buffer):
                 return Fetched(folder, info, 0, None, vanished=True)
             data = buffer.getvalue()
-            return Fetched(folder, info, len(data), None, self._created(data[:bundlemod.HEADER_PREFIX_BYTES]), data=data)
+            return Fetched(folder, info, len(data), None, _created(data[:bundlemod.HEADER_PREFIX_BYTES]), data=data)
         if path is None:  # deleted by a concurrent compaction: its content is in a newer object
             return Fetched(folder, info, 0, None, vanished=True)
         with open(path, "rb") as fh:
-            created = self._created(fh.read(bundlemod.HEADER_PREFIX_BYTES))
+            created = _created(fh.read(bundlemod.HEADER_PREFIX_BYTES))
         return Fetched(folder, info, os.path.getsize(path), path, created)
-
-    @staticmethod
-    def _created(head: bytes) -> float:
-        doc = bundlemod.peek_header(head) or {}
-        return bundlemod.number(doc.get("created"), 0.0, bundlemod.MAX_CREATED) or 0.0
 
     def _decode(self, got: Fetched, held: Entries | None) -> None:
         """Validate and decode a fetched object (then drop its file); its defect is its own, named problem. An entry
@@ -395,7 +413,7 @@ class Restore:
             for root in self.owner.roots:
                 root_path = str(root.path)
                 stats.strays_removed += root.sweep_strays()[0]
-                written, present = root.restore(merged, stats.files_refused)
+                written, present = root.restore(merged, stats.files_refused, move=True)
                 stats.files_written += written
                 stats.files_present += present
         except (OSError, BundleError) as exc:
@@ -428,6 +446,31 @@ class Restore:
         """Until the why-miss diagnosis is done, or the restore's deadline."""
         if self._deadline is not None:
             self._diagnosed.wait(self._deadline.remaining())
+
+
+def let_go(restored: Entries, staged: str) -> str:
+    """An xdist controller's scratch copies of the files it restored, removed once ``staged`` holds them (it writes
+    none into place): :func:`read_back` reads them back for a merge; read before, they fail, never misread."""
+    for entry in restored:
+        if entry.path is not None and entry.digest is not None:
+            unlink(entry.path)
+    return staged
+
+
+def read_back(staged: str, restored: Entries, fingerprint: str, limits: Limits, scratch_dir: str) -> None:
+    """The file entries of ``restored`` read back from the object ``staged`` (into scratch files), each only where
+    its bytes are the ones restored (their digest). A file not read back stays unreadable: the merge that needs it
+    is skipped (:class:`.bundle.BundleError`), nothing is lost."""
+    with open(staged, "rb") as fh:
+        decoded = bundlemod.read_object(fh, fingerprint, limits, (), scratch_dir)[1]
+    for copy in decoded.entries:
+        if copy.path is None:
+            continue
+        entry = restored.get(copy.ident)
+        if entry is not None and entry.digest is not None and entry.digest == copy.digest:
+            unlink(entry.moved(copy.path))
+        else:
+            unlink(copy.path)
 
 
 def producer_selections(headers: Sequence[bundlemod.Header]) -> set[str]:

@@ -208,7 +208,14 @@ class Scratch:
 
     def fetch(self, store: Store, folder: str, name: str, max_bytes: int) -> str | None:
         """The object in a new scratch file (its path), fetched a chunk at a time; None when it is gone. A local
-        disk that refuses the write raises :class:`.errors.LocalDiskError` (not the store's fault)."""
+        disk that refuses the write raises :class:`.errors.LocalDiskError` (not the store's fault). A store whose
+        objects are files no one writes again and no one else can (an xdist controller's staging) may give the
+        object a second name in the scratch directory instead (``link_object``): no copy."""
+        link = getattr(store, "link_object", None)
+        if link is not None:
+            path = os.path.join(self.path(), f"linked-{os.urandom(8).hex()}{OBJECT_SUFFIX}")
+            if link(folder, name, max_bytes, path):
+                return path
         try:
             fd, path = tempfile.mkstemp(dir=self.path(), suffix=OBJECT_SUFFIX)
         except OSError as exc:

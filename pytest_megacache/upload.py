@@ -44,6 +44,10 @@ def plural_entries(n: int) -> str:
 Profiles = Mapping[tuple[str, str], Sequence[Entry]]
 
 
+class Reloading(Protocol):
+    def reload(self) -> None: ...
+
+
 class Owner(Protocol):
     """What the upload reads of its session: where it writes, what the restore gave, and where to say a problem."""
 
@@ -57,6 +61,9 @@ class Owner(Protocol):
     meta: dict[str, object]
     notes: list[str]
     torch_stats: TorchStats
+
+    @property
+    def restore(self) -> Reloading: ...  # what it restored is read back before a merge (:meth:`.restore.Restore.reload`)
 
     @property
     def restored(self) -> Entries: ...
@@ -119,7 +126,18 @@ class Upload:
         refused = sum(owner.torch_stats.counters.get(f"dynamo_refused_{reason}", 0) for reason in REFUSED_AT_LOAD)
         replaces = bool(refused) and any(e.kind == PRECOMPILE_KIND and e.ident in owner.restored_own for e in new)
         compact = merge_only or replaces or len(owner.own_units()) + 1 > owner.compact_after
-        payload = self.scrubbed(owner.restored_own) if compact else Entries()
+        payload = Entries()
+        if compact:
+            owner.restore.reload()
+            try:
+                payload = self.scrubbed(owner.restored_own)
+            except BundleError as exc:  # a restored file changed in its cache directory since: not merged this time
+                owner.notes.append(f"compaction skipped: {redact_cut(str(exc))}; uploading the new entries alone and "
+                                   "keeping every stored object")
+                compact = merge_only = False
+                if not new:
+                    up.attempted, up.reason = False, "nothing new"
+                    return
         payload.merge(new)  # a changed profile replaces the restored one
         compact = compact and len(payload) > len(new)
         try:

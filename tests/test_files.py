@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import hashlib
 import os
 import stat
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_megacache.bundle import Entries, Entry
+from pytest_megacache.errors import BundleError
 from pytest_megacache.files import (
     EXCLUDED_TOP,
     FileRoot,
@@ -249,6 +251,52 @@ def test_restore_through_a_symlinked_root(tmp_path: Path) -> None:
     assert linked.restore([Entry("file/inductor", "a/k.so", elf(b"x"))]) == (1, 0)
     assert (tmp_path / "real" / "a" / "k.so").read_bytes() == elf(b"x")
 
+
+
+def scratch_entry(folder: Path, name: str, data: bytes, mode: int = 0o644) -> Entry:
+    """A file entry as a restore decodes it: a scratch file of its own, with its digest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{len(list(folder.iterdir()))}.entry"
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
+    return Entry.in_file("file/inductor", name, str(path), len(data), mode, hashlib.sha256(data).digest())
+
+
+def test_a_restore_moves_scratch_files_into_place_and_reads_them_from_there(root: FileRoot, tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    new, same, other = (scratch_entry(scratch, "ab/new.so", elf(b"new"), 0o755),
+                        scratch_entry(scratch, "ab/same.so", elf(b"same")),
+                        scratch_entry(scratch, "ab/other.so", elf(b"mine")))
+    write(root.path / "ab" / "same.so", elf(b"same"))
+    write(root.path / "ab" / "other.so", elf(b"else"))  # another writer's bytes: its place is not this entry's
+    kept = other.path
+    assert root.restore([new, same, other], move=True) == (1, 2)
+    placed = root.path / "ab" / "new.so"
+    assert new.path == str(placed) and placed.stat().st_nlink == 1 and stat.S_IMODE(placed.stat().st_mode) == 0o755
+    assert same.path == str(root.path / "ab" / "same.so") and other.path == kept
+    assert [p.name for p in scratch.iterdir()] == [Path(kept).name]
+    assert (new.data, same.data, other.data) == (elf(b"new"), elf(b"same"), elf(b"mine"))
+    # The cache directory is not the session's alone: a placed file changed since is refused, never read as the entry.
+    placed.write_bytes(elf(b"nex"))
+    with pytest.raises(BundleError, match="changed"):
+        new.data  # noqa: B018
+
+
+def test_a_restore_copies_what_it_cannot_link_into_place_and_lets_the_scratch_copy_go(
+        root: FileRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def across(src: str, dst: str) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    scratch = tmp_path / "scratch"
+    entry = scratch_entry(scratch, "ab/k.so", elf(b"k"))
+    monkeypatch.setattr("pytest_megacache.files.os.link", across)  # the write's own link falls back to a rename
+    assert root.restore([entry], move=True) == (1, 0)
+    assert entry.path == str(root.path / "ab" / "k.so") and entry.data == elf(b"k") and not list(scratch.iterdir())
+    # Without ``move`` (what an xdist worker hands over, a collect), nothing moves.
+    kept = scratch_entry(scratch, "ab/j.so", elf(b"j"))
+    assert root.restore([kept]) == (1, 0) and Path(str(kept.path)).parent == scratch
 
 # --- inductor_cache_dir ------------------------------------------------------------------------------
 

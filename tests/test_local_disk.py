@@ -309,6 +309,70 @@ def test_a_file_left_out_of_the_upload_is_one_warning_and_a_summary_line(
     assert [e.kind for e in entries] == ["torch/inductor"]
 
 
+
+def test_restored_files_are_held_once_and_a_merge_never_stores_one_changed_in_its_place(
+        tmpdir_: Path, tmp_path: Path) -> None:
+    """A warm session holds no copy of what it wrote into its cache directory (it reads the files there when it
+    merges). A test that rewrote a restored file in place (the same size) does not get its bytes stored under the
+    restored name: that merge is skipped, the new entries are stored alone, and nothing stored is deleted."""
+    store = cold_store(tmp_path)
+    warm = CacheSession(store_factory=lambda: store, folder=f"pytest-megacache/{FP}", fingerprint=FP,
+                        roots=[FileRoot("inductor", tmp_path / "warm")], reads=True, writes=True, compact_after=1)
+    warm.start_restore(background=False)
+    placed = tmp_path / "warm" / "ab" / "cabc.so"
+    assert placed.read_bytes() == fake_elf(b"k" * 1000) and scratch_files(tmpdir_) == []
+    placed.write_bytes(fake_elf(b"j" * 1000))
+    warm.finish(FakeTorch([KEY_A, KEY_B]))  # type: ignore[arg-type]
+    assert warm.problems == [] and warm.upload_stats.objects == 1 and warm.upload_stats.compacted == 0
+    assert any(n.startswith("compaction skipped: the copy of 'ab/cabc.so'") for n in warm.notes), warm.notes
+    objects = stored(tmp_path / "store")
+    assert len(objects) == 2 and [e.data for o in objects for e in o if e.name == "ab/cabc.so"] == [
+        fake_elf(b"k" * 1000)]
+    warm.close()
+
+
+@pytest.mark.parametrize("staged_kept", [True, False])
+def test_an_xdist_controller_holds_no_copy_of_what_it_staged_and_reads_it_back_to_merge(
+        tmpdir_: Path, tmp_path: Path, staged_kept: bool) -> None:
+    """The controller writes no files into place: once its restore is staged for the workers, its own copies go,
+    and a merge reads them back from the staged object. Without it (removed meanwhile), the merge is skipped and
+    nothing stored is lost."""
+    from functools import partial
+
+    from pytest_megacache.xdist import staging
+
+    store = cold_store(tmp_path)
+    stage_dir = tmp_path / "stage"
+    stage_dir.mkdir()
+    controller = CacheSession(store_factory=lambda: store, folder=f"pytest-megacache/{FP}", fingerprint=FP, roots=[],
+                              reads=True, writes=True, compact_after=1, stage=partial(staging.stage, stage_dir))
+    controller.start_restore(background=False)
+    [staged] = (stage_dir / staging.STAGE_FOLDER).glob("*.mcb")
+    assert scratch_files(tmpdir_) == [] and controller.problems == []
+    # A worker takes the staged object without copying it (a second name of its file), and leaves it there.
+    worker = CacheSession(store_factory=lambda: staging.StagedStore(stage_dir, 5), folder=staging.STAGE_FOLDER,
+                          fingerprint=FP, roots=[FileRoot("inductor", tmp_path / "gw0")], reads=True, writes=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LocalDirStore, "fetch", lambda *a: pytest.fail("the staged object was copied"))
+        worker.start_restore(background=False)
+    assert worker.problems == [] and worker.restore_stats.files_written == 1 and staged.stat().st_nlink == 1
+    assert (tmp_path / "gw0" / "ab" / "cabc.so").read_bytes() == fake_elf(b"k" * 1000)
+    worker.close()
+    if not staged_kept:
+        staged.unlink()
+    controller.finish(FakeTorch([KEY_A, KEY_B]))  # type: ignore[arg-type]
+    objects = stored(tmp_path / "store")
+    files = [e.data for o in objects for e in o if e.name == "ab/cabc.so"]
+    if staged_kept:
+        assert controller.problems == [] and controller.upload_stats.compacted == 1
+        assert len(objects) == 1 and files == [fake_elf(b"k" * 1000)] and len(objects[0]) == 3
+    else:
+        [problem] = controller.problems
+        assert problem.startswith("reading back the staged restore for a merge: "), problem
+        assert any(n.startswith("compaction skipped: the copy of 'ab/cabc.so'") for n in controller.notes)
+        assert len(objects) == 2 and files == [fake_elf(b"k" * 1000)]
+    controller.close()
+
 # --- a Dynamo entry traced again in place of a refused one --------------------------------------------------------------
 class Precompile(FakeTorch):
     """Saves one Dynamo entry under a fixed key, with the bytes given; ``refused``: the stored one was refused when

@@ -8,6 +8,7 @@ session's scratch directory (:meth:`Entry.in_file`): compiled files are never al
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -47,9 +48,10 @@ DEFAULT_LIMITS = Limits()
 class Entry:
     """One stored thing: its kind, name, permission bits and bytes. The bytes are held in memory, or in a file of
     the session's scratch directory (a file entry a restore or a collect wrote there, so that compiled files are
-    never all in memory at once), read when asked for. Immutable."""
+    never all in memory at once), read when asked for. Immutable: what may change is where a file entry's bytes
+    are read from (:meth:`moved`: a restore wrote them into place), never the bytes."""
 
-    __slots__ = ("_data", "_path", "kind", "mode", "name", "size")
+    __slots__ = ("_data", "_digest", "_path", "kind", "mode", "name", "size")
 
     def __init__(self, kind: str, name: str, data: bytes = b"", mode: int = 0o644) -> None:
         self.kind = kind
@@ -58,13 +60,26 @@ class Entry:
         self.size = len(data)
         self._data: bytes | None = bytes(data)
         self._path: str | None = None
+        self._digest: bytes | None = None
 
     @classmethod
-    def in_file(cls, kind: str, name: str, path: str, size: int, mode: int = 0o644) -> Entry:
-        """An entry whose ``size`` bytes are the file ``path`` (which nothing else writes to)."""
+    def in_file(cls, kind: str, name: str, path: str, size: int, mode: int = 0o644,
+                digest: bytes | None = None) -> Entry:
+        """An entry whose ``size`` bytes are the file ``path`` (which nothing else writes to); ``digest``: their
+        SHA-256, where it is known (checked at every read then)."""
         entry = cls(kind, name, b"", mode)
-        entry._data, entry._path, entry.size = None, path, size
+        entry._data, entry._path, entry.size, entry._digest = None, path, size, digest
         return entry
+
+    def moved(self, path: str) -> str:
+        """The bytes are now the file ``path`` (a restore wrote them into place, or read them back): read from there
+        from now on, checked against their digest (a file in a cache directory is not this session's alone: a
+        changed copy is refused, never read as this entry). Returns the file they were read from until now (the
+        caller removes it)."""
+        if self._path is None or self._digest is None:
+            raise ValueError("only a file entry whose digest is known can move")
+        old, self._path = self._path, path
+        return old
 
     @property
     def ident(self) -> tuple[str, str]:
@@ -76,6 +91,11 @@ class Entry:
         return self._path
 
     @property
+    def digest(self) -> bytes | None:
+        """The SHA-256 of the bytes of a file entry, where it was taken as they were written (else None)."""
+        return self._digest
+
+    @property
     def data(self) -> bytes:
         """The bytes (read from the file each time for an entry in a file)."""
         if self._data is not None:
@@ -83,24 +103,31 @@ class Entry:
         return b"".join(self.chunks())
 
     def chunks(self) -> Iterator[bytes]:
-        """The bytes, a chunk at a time; raises BundleError when an entry's file no longer holds ``size`` bytes."""
+        """The bytes, a chunk at a time; raises BundleError when an entry's file no longer holds them (``size`` bytes,
+        of its digest where that is known), before the last chunk."""
         if self._data is not None:
             yield self._data
             return
         assert self._path is not None
         left = self.size
+        sha = hashlib.sha256() if self._digest is not None else None
         try:
             with open(self._path, "rb") as fh:
-                while left > 0:
-                    chunk = fh.read(min(left, CHUNK))
-                    if not chunk:
-                        break
+                while True:
+                    chunk = fh.read(min(left, CHUNK)) if left > 0 else b""
                     left -= len(chunk)
+                    if sha is not None:
+                        sha.update(chunk)
+                    if left == 0 or not chunk:  # the last chunk is given only once the whole file is checked
+                        if left or fh.read(1) or (sha is not None and sha.digest() != self._digest):
+                            raise BundleError(f"the copy of {self.name[:60]!r} at {self._path[-120:]} changed")
+                        if chunk:
+                            yield chunk
+                        return
                     yield chunk
-                if left or fh.read(1):
-                    raise BundleError(f"the scratch copy of {self.name[:60]!r} changed size")
         except OSError as exc:
-            raise BundleError(f"the scratch copy of {self.name[:60]!r} is unreadable: {exc.strerror or exc}") from exc
+            raise BundleError(f"the copy of {self.name[:60]!r} at {self._path[-120:]} is unreadable: "
+                              f"{exc.strerror or exc}") from exc
 
     def head(self, n: int) -> bytes:
         """The first ``n`` bytes (fewer when there are fewer)."""

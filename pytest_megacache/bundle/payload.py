@@ -126,18 +126,21 @@ class _RawStream:
         for _chunk in self._chunks(n, what):
             pass
 
-    def to_file(self, n: int, what: str, scratch_dir: str) -> str:
-        """The next ``n`` bytes as a new file of ``scratch_dir``; its path."""
+    def to_file(self, kind: str, name: str, mode: int, n: int, what: str, scratch_dir: str) -> Entry:
+        """The next ``n`` bytes as a new file of ``scratch_dir``: the entry it holds (with its digest, so that a
+        restore may move it into place and read it from there)."""
         fd, path = tempfile.mkstemp(dir=scratch_dir, suffix=".entry")
+        sha = hashlib.sha256()
         try:
             with os.fdopen(fd, "wb") as fh:
                 for chunk in self._chunks(n, what):
+                    sha.update(chunk)
                     fh.write(chunk)
         except BaseException as exc:  # a full disk, a defect found: no part of it stays
             note_free(exc, path)
             os.unlink(path)
             raise
-        return path
+        return Entry.in_file(kind, name, path, n, mode, sha.digest())
 
     def produced(self) -> int:
         """How many bytes the frame decompresses to, counted up to ``raw_size + 1`` at most (the rest is read and
@@ -357,8 +360,7 @@ def read_framed(src: Source, offset: int, payload_size: int, raw_size: int, inde
                         stream.skip(item.length, what)
                         entry = mine
                     elif scratch_dir is not None and item.kind.startswith(FILE_PREFIX):
-                        entry = Entry.in_file(item.kind, item.name, stream.to_file(item.length, what, scratch_dir),
-                                              item.length, item.mode)
+                        entry = stream.to_file(item.kind, item.name, item.mode, item.length, what, scratch_dir)
                     else:
                         entry = Entry(item.kind, item.name, stream.take(item.length, what), item.mode)
                     if not entries.add(entry):
@@ -410,7 +412,7 @@ def _v1_entries(raw: _RawStream, limits: Limits, scratch_dir: str | None) -> Ent
         validate_entry(kind, name)
         what = f"data of {name[:60]!r}"
         if scratch_dir is not None and kind.startswith(FILE_PREFIX):
-            entry = Entry.in_file(kind, name, raw.to_file(data_len, what, scratch_dir), data_len, mode)
+            entry = raw.to_file(kind, name, mode, data_len, what, scratch_dir)
         else:
             entry = Entry(kind, name, take(data_len, what), mode)
         if not entries.add(entry):

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,20 @@ class StagedStore(LocalDirStore):
             return []  # the controller's own restore failed; it reports why
         return super().list(folder)
 
+    def link_object(self, folder: str, name: str, max_bytes: int, dest: str) -> bool:
+        """The staged object as a second name ``dest`` of its file, where the file system allows it (a worker's
+        scratch directory beside the staging, in one TMPDIR): no copy, as the controller never writes it again. False
+        where it is not done (another file system, not a regular file, over ``max_bytes``): it is fetched then."""
+        path = self._object(folder, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+                return False
+            os.link(path, dest, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
+
 
 _OWNERS: dict[str, int | None] = {}  # the staging directories this process owns: their lock's descriptor
 
@@ -77,19 +92,21 @@ def remove_stage_dir(stage_dir: Path) -> None:
 
 
 def stage(stage_dir: Path, entries: Entries, fingerprint: str, ok: bool, selections: list[str] | None = None,
-          ) -> None:
-    """Write what the controller restored for its workers (an entry a chunk at a time). ``selections``: the test
-    selections of the sessions that stored what was restored (a worker running one of them expects to find
-    everything cached, as a plain session would)."""
+          ) -> str | None:
+    """Write what the controller restored for its workers (an entry a chunk at a time); the staged object's path
+    (None when nothing was restored). ``selections``: the test selections of the sessions that stored what was
+    restored (a worker running one of them expects to find everything cached, as a plain session would)."""
     extra = {"producer": {"selections": selections}} if selections else None
+    staged = None
     if entries:
         folder = stage_dir / STAGE_FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         name = new_object_name()
         # Written beside its final name, then renamed: a worker lists whole objects only.
         bundlemod.write_object(folder / f".{name}.tmp", entries, fingerprint, extra)
-        os.replace(folder / f".{name}.tmp", folder / name)
+        os.replace(folder / f".{name}.tmp", staged := str(folder / name))
     write_atomic(stage_dir / READY, json.dumps({"ok": ok, "entries": len(entries)}).encode())
+    return staged
 
 
 def unpack_remote_stage(blob: bytes | None) -> Path:

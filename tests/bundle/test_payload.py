@@ -96,7 +96,22 @@ def test_an_entry_whose_scratch_file_changed_size_is_not_written(tmp_path: Path)
     path = tmp_path / "e"
     path.write_bytes(b"12345")
     entry = Entry.in_file("file/inductor", "ab/x.so", str(path), 4)
-    with pytest.raises(BundleError, match="changed size"):
+    with pytest.raises(BundleError, match="changed"):
+        bundle.encode(Entries([entry]), FP)
+
+
+def test_an_entry_whose_file_changed_in_place_is_refused_by_its_digest_before_its_last_chunk(tmp_path: Path) -> None:
+    path = tmp_path / "e"
+    data = b"k" * (payload.CHUNK + 10)
+    path.write_bytes(data)
+    entry = Entry.in_file("file/inductor", "ab/x.so", str(path), len(data), digest=hashlib.sha256(data).digest())
+    assert entry.data == data
+    path.write_bytes(data[:-1] + b"j")  # the same size
+    got: list[bytes] = []
+    with pytest.raises(BundleError, match="changed"):
+        got.extend(entry.chunks())
+    assert got == [data[:payload.CHUNK]]  # what was given before the check is never the whole
+    with pytest.raises(BundleError, match="changed"):
         bundle.encode(Entries([entry]), FP)
 
 
@@ -111,6 +126,7 @@ def test_file_entries_go_to_scratch_files_and_torch_entries_stay_in_memory(tmp_p
     assert all(Path(str(paths[k])).parent == tmp_path for k in ("file/inductor", "file/pch", "file/triton"))
     assert len(os.listdir(tmp_path)) == 3
     assert decoded.decompressed == entries.raw_bytes() and header.entries == 4
+    assert all(e.digest == hashlib.sha256(e.data).digest() for e in decoded.entries if e.path is not None)
 
 
 def test_a_format_1_object_is_still_read_and_its_files_go_to_scratch(tmp_path: Path) -> None:

@@ -176,11 +176,14 @@ def test_an_entry_held_by_several_objects_is_decompressed_and_written_once(tmp_p
     assert r.raw_fetched > 3 * len(header)  # every object holds the header
     assert r.raw_unique < r.raw_decompressed <= r.raw_unique + small  # its bytes are decompressed once
     assert r.files_written == len(warm.restored.of_kind_prefix("file/"))
-    # The restored files are in place, and what the session kept of them is in its scratch directory until it ends.
+    # The restored files were moved into place: the session reads them from there (a merge would), its scratch
+    # directory holds no copy of them.
     scratch = warm.scratch.path()
     pch = warm.restored.get(("file/pch", HEADER))
-    assert pch is not None and pch.path is not None and Path(pch.path).parent == Path(scratch)
-    assert (shards[0].roots[1].path / HEADER).read_bytes() == b"gpch" + header
+    placed = shards[0].roots[1].path / HEADER
+    assert pch is not None and pch.path is not None and Path(pch.path).resolve() == placed.resolve()
+    assert placed.read_bytes() == pch.data == b"gpch" + header
+    assert [p.name for p in Path(scratch).iterdir()] == ["owner"]
     warm.finish(shards[0].compile(warm))  # type: ignore[arg-type]
     warm.close()
     assert not Path(scratch).exists()
