@@ -58,17 +58,24 @@ COUNTERS_CONFTEST = textwrap.dedent(
     import json, os, sys
     import pytest
 
-    _graphs = {}  # test id: the graphs Dynamo made while it ran (torch's own count, not the plugin's)
+    _graphs = {}  # test id: the graphs counted while it ran (torch's own count, not the plugin's)
+    _traces = {}  # test id: the frames Dynamo traced while it ran (torch's timings of a trace's first attempt)
 
     def _unique_graphs():
         utils = sys.modules.get("torch._dynamo.utils")
         return utils.counters["stats"].get("unique_graphs", 0) if utils is not None else 0
 
+    def _traced():
+        utils = sys.modules.get("torch._dynamo.utils")
+        return len(utils.compilation_time_metrics.get("compile_attempt_0", [])) if utils is not None else 0
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(item):
-        before = _unique_graphs()
+        before, traced = _unique_graphs(), _traced()
         yield
         _graphs[item.nodeid] = _unique_graphs() - before
+        now = _traced()
+        _traces[item.nodeid] = now - traced if now >= traced else now  # cleared by torch._dynamo.reset()
 
     def pytest_sessionfinish(session):
         out = os.environ.get("TEST_COUNTERS_OUT")
@@ -84,6 +91,7 @@ COUNTERS_CONFTEST = textwrap.dedent(
             doc["frames"] = dict(counters["frames"])  # Dynamo's own: frames it was asked to compile, and compiled
             doc["stats"] = dict(counters["stats"])  # its graphs (unique_graphs), calls captured
             doc["graphs_per_test"] = _graphs
+            doc["traces_per_test"] = _traces
         with open(out, "w") as fh:
             json.dump(doc, fh)
     """

@@ -51,7 +51,7 @@ from typing import Any
 from . import repairs
 from .backends import backends_recorded_once, eager_graphs_stored, wrapped_after_backend
 from .context import innermost_backend
-from .effects import bookkeeping_quiet, code_key, failed_load_contained, watch_warnings
+from .effects import Trace, bookkeeping_quiet, code_key, effects_of, failed_load_contained, watch_warnings
 from .merge import enterable_codes, entry_signature, packages_merged, stored_code
 from .offers import Offer, Offers, offer_where_traced, offered_seconds
 from .proofs import (
@@ -106,13 +106,13 @@ class _Reuse:
         self.rootdir = rootdir
         # per placeholder of a guard state: proofs, context, digest, torch's stored state, the placeholder (held, so
         # that its id is not reused before torch's install hands it back)
-        self.pending: dict[int, tuple[list[dict[str, Any]], str, str, bytes, Any, tuple[str, bool]]] = {}
+        self.pending: dict[int, tuple[list[dict[str, Any]], str, str, bytes, Any, tuple[str, bool], Any]] = {}
         self.installing: Any = None  # the CompilePackage being installed
         self.before_load: Any = lambda: None  # the session's: the restore loaded into torch (see before_first_load)
-        self.warned: set[str] = set()  # the compiles (ids) during which a warning was shown
+        self.traces: dict[str, Trace] = {}  # per compile (id) tracing a frame: what it did besides its output
         self.frame_code: Any = None  # the code of the frame whose guards are being built
-        # Frames (file, first line, name) of which a trace showed a warning: no entry holding one is written, though
-        # another variant of it was traced without (under other warning filters, say).
+        # Frames (file, first line, name) of which a trace showed a warning that cannot be shown again: no entry
+        # holding one is written, though another variant of it was traced without (under other warning filters, say).
         self.side_effects: set[tuple[str, int, str]] = set()
         # key -> the packages recorded under it in this process and their latest entries
         self.recorded: dict[str, dict[int, tuple[Any, Any]]] = {}
@@ -228,19 +228,13 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = UNPROVABLE_GUARDS
     serialize = CheckFunctionManager.serialize_guards
 
-    compile_id = torch._guards.CompileContext.current_compile_id
+    compile_id, counters = torch._guards.CompileContext.current_compile_id, torch._dynamo.utils.counters
     watch_warnings(state, compile_id, getattr(torch._dynamo.output_graph, "OutputGraph", None))
     eager_graphs_stored(getattr(torch._dynamo.output_graph, "OutputGraph", None), package, innermost_backend)
     backends_recorded_once(package.DynamoCache)
 
     @functools.wraps(serialize)
     def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
-        if str(compile_id()) in state.warned:
-            # What the trace did besides its output (a warning a test may expect) would not happen where the entry is
-            # installed instead of traced: such a frame is traced in every run.
-            state.refuse("side_effect", "a warning was shown while the frame was traced")
-            state.side_effects.add(code_key(state.frame_code))
-            raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
         context = state.contexts[-1] if state.contexts else None
         if context is None or wrapped_after_backend(output_graph):
             # a backend of the test's own (or a compile the wrappers did not see start): no later wrapper could be
@@ -248,6 +242,12 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             why = "shape specializations" if context else "a backend that cannot be named in another process"
             state.refuse("unsupported_backend", why)
             raise torch._dynamo.exc.PackageError(why)
+        # what the trace did that a test can see, done again where the variant is taken (effects): a warning shown
+        # that cannot be shown again (its class defined in a function, say) leaves the frame traced in every run
+        if (effects := effects_of(state.traces.get(str(compile_id())), counters)) is None:
+            state.refuse("side_effect", "a warning that cannot be shown again was shown while the frame was traced")
+            state.side_effects.add(code_key(state.frame_code))
+            raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
         proofs = []
         classes: dict[int, tuple[str, type]] = {}
         builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
@@ -284,7 +284,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse(reason, f"{type(exc).__name__}: {exc}")
             raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         state.count("dynamo_stored")
-        return pack_guards(proofs, context, data, state.test, state.retraced)
+        return pack_guards(proofs, context, data, state.test, state.retraced, effects)
 
     CheckFunctionManager.serialize_guards = serialize_guards
 
@@ -295,10 +295,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         # torch's install unpickles every variant's guards here, and builds them next: both are left to the offer
         # (a variant of another compile, or of a frame never called, is never unpickled), whose placeholder tells
         # torch's install that no builtins dict is to be put in place yet (the offer does it, as torch does)
-        proofs, context, inner, origin = unpack_guards(data)
+        proofs, context, inner, origin, effects = unpack_guards(data)
         placeholder = guards_state_class.__new__(guards_state_class)
         object.__setattr__(placeholder, "output_graph", _NO_BUILTINS)
-        state.pending[id(placeholder)] = (proofs, context, guards_digest(data), inner, placeholder, origin)
+        state.pending[id(placeholder)] = (proofs, context, guards_digest(data), inner, placeholder, origin, effects)
         return placeholder
 
     package.load_guards_state = load_guards_state_proven
@@ -310,8 +310,9 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         pending = state.pending.pop(id(guards_state), None)
         if pending is None:
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
-        proofs, context, digest, inner, _, origin = pending
-        return Offer(target_code, None, inner, runtime_global_scope, proofs, context, state.installing, digest, origin)
+        proofs, context, digest, inner, _, origin, effects = pending
+        return Offer(target_code, None, inner, runtime_global_scope, proofs, context, state.installing, digest, origin,
+                     effects)
 
     package.load_guard_manager = load_guard_manager_deferred
     eval_frame_c = torch._C._dynamo.eval_frame

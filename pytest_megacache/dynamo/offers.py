@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .context import compile_context
+from .effects import NO_EFFECTS, Effects, Trace, count_again, shown_again
 from .objects import Refused
 from .proofs import check_proofs
 
@@ -49,15 +50,16 @@ class Prepared:
 class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
 
-    __slots__ = ("code", "context", "digest", "dynamo_code", "failed", "origin", "package", "prepared", "proofs",
-                 "scope", "stored")
+    __slots__ = ("code", "context", "digest", "dynamo_code", "effects", "failed", "origin", "package", "prepared",
+                 "proofs", "scope", "stored")
 
     def __init__(self, code: Any, dynamo_code: Any, stored: bytes, scope: dict[str, Any],
                  proofs: list[dict[str, Any]], context: str, package: Any, digest: str,
-                 origin: tuple[str, bool] = ("", False)) -> None:
+                 origin: tuple[str, bool] = ("", False), effects: Effects = NO_EFFECTS) -> None:
         self.code, self.dynamo_code, self.stored, self.scope = code, dynamo_code, stored, scope
         self.proofs, self.context, self.package = proofs, context, package
         self.origin = origin  # the tag of the test it was traced in, and whether it replaced one passed over there
+        self.effects = effects  # what its trace did that a test can see, done again where it is taken
         self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state): the variant
         self.failed: Exception | None = None  # why torch could not load it (not tried again)
         self.prepared = Prepared(code, scope)
@@ -175,6 +177,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
     guarded_code = getattr(torch._dynamo.types, "GuardedCode", None)
     timed = torch._dynamo.utils.dynamo_timed
     orig_code_map, output_codes = torch._dynamo.utils.orig_code_map, convert_frame.output_codes
+    counters = torch._dynamo.utils.counters
 
     def build(offer: Offer) -> Any:
         if offer.failed is not None:
@@ -214,6 +217,14 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             state.superseded.update(replaced)  # not written again, unless taken elsewhere in this process
             return None
         offer, manager = found
+        try:
+            # what the trace showed, shown again where it would have been (before the frame runs); what the filters of
+            # the moment make of a warning (-W error), or a warning's class gone: traced instead, and torch does it
+            shown_again(offer.effects)
+        except Exception as exc:  # noqa: BLE001
+            state.refuse("side_effect", f"the warnings of the trace not shown again: {type(exc).__name__}: {exc}")
+            return None
+        count_again(offer.effects, counters)  # what the trace added to torch's counters (a test may read them)
         state.taken.add(offer.digest)
         state.count("dynamo_frames_reused")
         # what torch notes of a frame it traced: its output code's origin (read where a later call of it recompiles)
@@ -229,9 +240,10 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
     def _compile(*args: Any, **kwargs: Any) -> Any:
         context, outer = None, state.retraced  # outer: an enclosing compile's, put back when this one ends
         state.retraced = False  # set by reused() for the frame traced next
-        started = time.perf_counter()
+        started, key = time.perf_counter(), None
         try:
             bound = signature.bind(*args, **kwargs).arguments
+            key = str(bound["compile_id"])
             context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"])
             result = reused(bound, context)
         except Exception as exc:  # noqa: BLE001 - any failure: the frame is traced as without the option
@@ -243,6 +255,8 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             state.retraced = outer
             return result
         state.contexts.append(context)
+        if key is not None and (trace := _trace(counters)) is not None:
+            state.traces[key] = trace  # what the trace does that a test can see (effects)
         try:
             try:
                 return compile_fn(*args, **kwargs)
@@ -255,9 +269,18 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
                 return compile_fn(*again.args, **again.kwargs)
         finally:
             state.contexts.pop()
+            if key is not None:
+                state.traces.pop(key, None)
             state.retraced = outer
 
     convert_frame._compile = _compile
+
+
+def _trace(counters: Any) -> Trace | None:
+    try:
+        return Trace(counters)
+    except Exception:  # noqa: BLE001 - no trace noted: the frame is not stored (effects_of)
+        return None
 
 
 _OFFERED = [0.0]  # seconds spent offering stored variants in this process (taken or passed over)

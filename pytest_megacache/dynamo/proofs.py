@@ -20,6 +20,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
+from .effects import Effects, read_effects
 from .objects import Refused, code_digest, describe, describe_member, find, function_of
 from .paths import parse_path, path_text, resolve, rooted_at
 from .proof_globals import check_global, prove_global
@@ -29,9 +30,9 @@ __all__ = ["Refused", "check_proofs", "code_digest", "describe", "describe_membe
            "guards_digest", "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "tag_of_test",
            "unpack_guards"]
 
-_MAGIC = b"megacache-guards-3\n"
+_MAGIC = b"megacache-guards-4\n"
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
-_ID_PREFIX = b"pytest-megacache dynamo entry 3\0"
+_ID_PREFIX = b"pytest-megacache dynamo entry 4\0"
 
 
 def _relative_file(filename: str, rootdir: str) -> str:
@@ -108,13 +109,14 @@ def check_proofs(proofs: list[dict[str, Any]], scope: dict[str, Any], local_scop
 
 
 def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes, test: str = "",
-                retraced: bool = False) -> bytes:
+                retraced: bool = False, effects: dict[str, Any] | None = None) -> bytes:
     """torch's guard state with the proofs of its identity guards, the digest of the context it was compiled in
     (:func:`pytest_megacache.dynamo.context.compile_context`), the tag of the test it was traced in
-    (:func:`tag_of_test`; empty outside a test) and whether it was traced in place of a stored variant of that test that
-    was passed over (``retraced``: :func:`pytest_megacache.dynamo.offers.superseded`)."""
+    (:func:`tag_of_test`; empty outside a test), whether it was traced in place of a stored variant of that test that
+    was passed over (``retraced``: :func:`pytest_megacache.dynamo.offers.superseded`) and what its trace did that a
+    test can see (``effects``: :func:`pytest_megacache.dynamo.effects.effects_of`)."""
     fields: dict[str, Any] = {"proofs": proofs, "context": context, **({"test": test} if test else {}),
-                              **({"retraced": True} if retraced else {})}
+                              **({"retraced": True} if retraced else {}), **({"effects": effects} if effects else {})}
     header = json.dumps(fields, separators=(",", ":")).encode()
     return _MAGIC + len(header).to_bytes(8, "big") + header + guards_state
 
@@ -164,10 +166,11 @@ def traced_in(entry: bytes) -> list[str]:
     return tags
 
 
-def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes, tuple[str, bool]]:
-    """The proofs, the compile context, torch's guard state and where the variant was traced: the tag of its test
-    ("" where none was recorded) and whether it was traced in place of a variant of that test passed over there;
-    raises :class:`Refused` for guards stored without proofs."""
+def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes, tuple[str, bool], Effects]:
+    """The proofs, the compile context, torch's guard state, where the variant was traced (the tag of its test, ""
+    where none was recorded, and whether it was traced in place of a variant of that test passed over there) and what
+    its trace did that a test can see; raises :class:`Refused` for guards stored without proofs, or a malformed
+    record."""
     if not isinstance(data, (bytes, bytearray)) or not bytes(data[:len(_MAGIC)]) == _MAGIC:
         raise Refused("unsupported_guard", "guards stored without the plugin's proofs")
     start = len(_MAGIC) + 8
@@ -180,4 +183,4 @@ def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes, tuple[
         raise Refused("unsupported_guard", "malformed proofs")
     test = header.get("test", "")
     origin = (test if isinstance(test, str) else "", header.get("retraced") is True)
-    return proofs, context, bytes(data[start + size:]), origin
+    return proofs, context, bytes(data[start + size:]), origin, read_effects(header.get("effects"))

@@ -336,6 +336,36 @@ def warn_when_traced():
 
 def warns_when_traced(x):
     return x + warn_when_traced()
+
+
+def make_local_warning():
+    class LocalWarning(UserWarning):  # a class made in a function: no name finds it in another process
+        pass
+
+    return LocalWarning
+
+
+LocalWarning = make_local_warning()
+
+
+@torch._dynamo.assume_constant_result
+def warn_of_a_local_class():
+    warnings.warn("of a class made in a function", LocalWarning)
+    return 1
+
+
+def warns_of_a_local_class(x):
+    return x - warn_of_a_local_class()
+
+
+def counted(x):  # a graph break: two frames (the function and its resume function), a graph each
+    y = torch.sin(x) * 2
+    torch._dynamo.graph_break()
+    return y + torch.cos(x)
+
+
+def counted_by_backend(x):
+    return torch.sin(x) * 2 + 1
 """
 
 # A module that generates others from templates at run time; its compiled functions call into them.
@@ -388,10 +418,13 @@ def compiled_before_and_after(x):  # called before its module is generated, then
 """
 
 TESTS = """
+import collections
+import inspect
 import os
 
 import pytest
 import torch
+import torch._dynamo.testing
 
 import calc_a
 import calc_b
@@ -614,9 +647,37 @@ def test_a_configuration_patched_the_same_around_the_call():
         same(compiled, edits.under_the_same_config, X)
 
 
-def test_a_warning_shown_while_traced():
-    with pytest.warns(UserWarning, match="shown while traced"):
+def test_a_warning_shown_while_traced():  # where the frame is taken from the store too, from where it was shown
+    with pytest.warns(UserWarning, match="shown while traced") as shown:
         torch.testing.assert_close(torch.compile(edits.warns_when_traced)(X), X + 1)
+    [warning] = [w for w in shown if "shown while traced" in str(w.message)]
+    lines, first = inspect.getsourcelines(edits.warn_when_traced)
+    at = first + next(i for i, line in enumerate(lines) if "warnings.warn" in line)
+    assert (warning.category, os.path.basename(warning.filename), warning.lineno) == (UserWarning, "edits.py", at)
+
+
+def test_a_warning_of_a_class_made_in_a_function():
+    with pytest.warns(edits.LocalWarning, match="of a class made in a function"):
+        torch.testing.assert_close(torch.compile(edits.warns_of_a_local_class)(X), X - 1)
+
+
+def test_torch_counters_after_a_first_compiled_call():
+    from torch._dynamo.utils import counters
+
+    groups = ("frames", "stats", "graph_break", "resumes")
+    before = {group: collections.Counter(counters[group]) for group in groups}
+    same(torch.compile(edits.counted), edits.counted, X)
+    added = {group: dict(collections.Counter(counters[group]) - before[group]) for group in groups}
+    # what torch 2.13 counts without the plugin: two frames (the function, its resume function), a graph each
+    assert added["frames"] == {"total": 2, "ok": 2}, added
+    assert added["stats"] == {"unique_graphs": 2, "calls_captured": 4}, added
+    assert sum(added["graph_break"].values()) == 1 and list(added["resumes"].values()) == [1], added
+
+
+def test_a_compile_counter_backend():  # torch's own counting backend: a backend object, never stored
+    counter = torch._dynamo.testing.CompileCounter()
+    same(torch.compile(edits.counted_by_backend, backend=counter), edits.counted_by_backend, X)
+    assert (counter.frame_count, counter.op_count) == (1, 3)
 
 
 def test_generated_module(tmp_path):
@@ -764,9 +825,16 @@ def _counters(run: Run) -> dict[str, int]:
 
 
 def _graphs(run: Run, test: str) -> int:
-    """The graphs Dynamo made while ``test`` ran, as torch counted them (the project's conftest)."""
+    """The graphs counted while ``test`` ran, in torch's own counters (the project's conftest)."""
     [made] = [n for nodeid, n in run.counters["graphs_per_test"].items() if nodeid.endswith(f"::{test}")]
     return int(made)
+
+
+def _traces(run: Run, test: str) -> int:
+    """The frames Dynamo traced while ``test`` ran, as torch's own compile timings recorded them (the project's
+    conftest): a frame taken from the store is not traced."""
+    [traced] = [n for nodeid, n in run.counters["traces_per_test"].items() if nodeid.endswith(f"::{test}")]
+    return int(traced)
 
 
 def _compiles(run: Run, test: str) -> int:
@@ -784,7 +852,8 @@ class TestDynamoReuse:
             run = reuse_chain.runs[name]
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
-            assert ran == (46 - skipped, skipped, 0), (name, run.result.outlines[-80:])
+            failed = [line for line in run.result.outlines if line.startswith(("FAILED", "ERROR"))]
+            assert ran == (49 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -808,12 +877,15 @@ class TestDynamoReuse:
                      "test_type_of_a_tensor_unchanged", "test_inlined_default_argument_unchanged",
                      "test_a_function_made_in_the_frame", "test_eager_backend", "test_module_global_unchanged",
                      "test_closure_variable_unchanged", "test_default_argument_unchanged", "test_module_method_unchanged",
-                     "test_a_configuration_patched_the_same_around_the_call",
+                     "test_a_configuration_patched_the_same_around_the_call", "test_a_warning_shown_while_traced",
+                     "test_torch_counters_after_a_first_compiled_call",
                      *(("test_one_function_in_two_wrappers", "test_a_graph_break_traced_by_two_wrappers") if merged else ())):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
-            # torch's own count witnesses it, not the plugin's report: Dynamo made no graph while the test ran warm
-            assert _graphs(cold, test) > 0 and _graphs(warm, test) == 0, (test, _graphs(cold, test), _graphs(warm, test))
-        assert warm.counters["stats"]["unique_graphs"] < cold.counters["stats"]["unique_graphs"]
+            # torch's own record witnesses it, not the plugin's report: Dynamo traced no frame while the test ran warm
+            assert _traces(cold, test) > 0 and _traces(warm, test) == 0, (test, _traces(cold, test), _traces(warm, test))
+            # and what a test can read of torch's counters is what the trace left: the graphs it counted
+            assert _graphs(warm, test) == _graphs(cold, test) > 0, (test, _graphs(cold, test), _graphs(warm, test))
+        assert sum(warm.counters["traces_per_test"].values()) < sum(cold.counters["traces_per_test"].values())
 
     def test_an_entry_taken_as_it_was_stored_is_not_stored_again(self, reuse_chain: ReuseChain) -> None:
         """torch writes every entry it installed again at the session's end, pickled into other bytes: uploaded as
@@ -856,7 +928,8 @@ class TestDynamoReuse:
         for test in ("test_body_edited", "test_inlined_helper_edited", "test_module_method_edited_and_mode",
                      "test_module_global_edited", "test_default_argument_changed", "test_closure_variable_changed",
                      "test_class_method_edited", "test_property_getter_edited", "test_class_in_local_scope",
-                     "test_class_method_rebound_by_monkeypatch", "test_a_warning_shown_while_traced",
+                     "test_class_method_rebound_by_monkeypatch", "test_a_warning_of_a_class_made_in_a_function",
+                     "test_a_compile_counter_backend",
                      "test_decorated_function_edited", "test_tensor_subclass_where_the_class_was",
                      "test_module_attribute_rebound", "test_another_compile_than_stored",
                      "test_decorator_instance_state_changed",
@@ -869,10 +942,15 @@ class TestDynamoReuse:
         c = _counters(reuse_chain.runs["warm"])
         assert c["dynamo_refused_class_changed"] + c["dynamo_refused_local_changed"] >= 1, c
 
-    def test_a_frame_whose_trace_showed_a_warning_is_never_stored(self, reuse_chain: ReuseChain) -> None:
-        """Installed instead of traced, it would not show the warning a test expects."""
+    def test_a_frame_whose_trace_showed_a_warning_that_cannot_be_shown_again_is_never_stored(
+            self, reuse_chain: ReuseChain) -> None:
+        """A warning of a class no name finds in another process: taken from the store, the frame could not show the
+        warning a test expects (one whose class is found again is shown again: the positive case)."""
         for name in ("cold", "warm"):
-            assert _counters(reuse_chain.runs[name])["dynamo_refused_side_effect"] >= 1, name
+            run = reuse_chain.runs[name]
+            assert _counters(run)["dynamo_refused_side_effect"] >= 1, name
+            assert run.report is not None
+            assert "cannot be shown again" in run.report["torch"]["dynamo_refusals"]["side_effect"], run.report["torch"]
 
     def test_a_graph_run_with_subclass_dispatch_off_is_installed_so(self, reuse_chain: ReuseChain) -> None:
         """Where Dynamo inlined a tensor subclass's ``__torch_function__``, torch runs the compiled graph with subclass

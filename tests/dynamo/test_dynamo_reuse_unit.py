@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from pytest_megacache import dynamo as dr
+from pytest_megacache.dynamo import effects as dynamo_effects
 from pytest_megacache.dynamo import proofs as dp
 from pytest_megacache.dynamo import repairs as dynamo_repairs
 from pytest_megacache.dynamo.paths import path_text
@@ -181,7 +182,7 @@ def test_describe_names_what_another_process_can_find_again() -> None:
 def test_guards_travel_with_their_proofs_and_without_them_are_refused() -> None:
     proofs = [{"path": [["global", "math"]], "is": ["module", "math"]}]
     packed = dp.pack_guards(proofs, "a context", b"torch's pickle")
-    assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle", ("", False))
+    assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle", ("", False), dynamo_effects.Effects())
     tag = dp.tag_of_test("tests/t.py::test_a[secret]")
     tagged = dp.pack_guards(proofs, "a context", b"torch's pickle", tag, retraced=True)
     assert dp.unpack_guards(tagged)[3] == (tag, True) and tag != dp.tag_of_test("tests/t.py::test_b")
@@ -687,10 +688,9 @@ def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_wri
 def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(monkeypatch: pytest.MonkeyPatch) -> None:
     import warnings
 
-    from pytest_megacache.dynamo import effects as dynamo_effects
-
     monkeypatch.setattr(warnings, "_showwarnmsg", warnings._showwarnmsg)  # type: ignore[attr-defined]
-    state = types.SimpleNamespace(warned=set())
+    trace = dynamo_effects.Trace({})
+    state = types.SimpleNamespace(traces={"3/0": trace})
 
     class OutputGraph:  # torch's: Dynamo hands the traced graph to the backend (Inductor) here
         def call_user_compiler(self) -> str:
@@ -701,9 +701,9 @@ def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         assert OutputGraph().call_user_compiler() == "compiled"
-        assert state.warned == set()  # torch's caches skip it where the graph is loaded, traced or not
+        assert trace.shown == []  # torch's caches skip it where the graph is loaded, traced or not
         warnings.warn("shown while Dynamo traces", UserWarning, stacklevel=1)
-    assert state.warned == {"3/0"}
+    assert trace.shown is not None and [w.message for w in trace.shown] == ["shown while Dynamo traces"]
 
 
 def test_a_variant_its_own_test_passes_over_a_second_time_running_is_not_written_again() -> None:
