@@ -53,7 +53,7 @@ from .backends import backends_recorded_once, eager_graphs_stored, wrapped_after
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, effects_of, failed_load_contained, watch_warnings
 from .merge import enterable_codes, entry_signature, packages_merged, stored_code
-from .offers import Offer, Offers, offer_where_traced, offered_seconds
+from .offers import NEW, UNSTABLE, Offer, Offers, offer_where_traced, offered_seconds
 from .proofs import (
     Refused,
     code_digest,
@@ -128,11 +128,11 @@ class _Reuse:
         self.install_deferred: Any = lambda code: None
         self.used: dict[str, None] = {}  # the keys of the stored entries installed in this process, in order
         self.test = ""  # the tag of the test running (proofs.tag_of_test), stored with what it traces
-        # Stored variants (digests) taken in this process; and those passed over in their own test a second time
-        # running (offers.superseded): such a variant, never taken here, is not written again.
+        # Stored variants (digests) taken in this process; and the variants traced in place of a variant of their
+        # own test passed over two runs running (offers.superseded): not written.
         self.taken: set[str] = set()
         self.superseded: set[str] = set()
-        self.retraced = False  # the frame being traced replaces a variant of its own test (offers.superseded)
+        self.retraced = NEW  # what the frame being traced is to its own test's stored variants (offers.superseded)
 
     def count(self, name: str, n: int = 1) -> None:
         try:
@@ -284,7 +284,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse(reason, f"{type(exc).__name__}: {exc}")
             raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         state.count("dynamo_stored")
-        return pack_guards(proofs, context, data, state.test, state.retraced, effects)
+        packed = pack_guards(proofs, context, data, state.test, state.retraced != NEW, effects)
+        if state.retraced == UNSTABLE:
+            state.superseded.add(guards_digest(packed))
+        return packed
 
     CheckFunctionManager.serialize_guards = serialize_guards
 

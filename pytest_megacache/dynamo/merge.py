@@ -45,7 +45,7 @@ def packages_merged(state: Any, cache: Any) -> None:
                 parts.insert(0, loaded)  # a package that did not load it (its install failed) would lose it
             drop = state.stale | (state.superseded - state.taken)
             if len(parts) > 1 or drop:
-                entries[key] = _without(_merged(parts), drop)
+                entries[key] = _pruned(_without(_merged(parts), drop))
         except Exception as exc:  # noqa: BLE001 - the last package alone, as torch keeps it
             state.refuse("torch_error", f"packages of one function not merged: {type(exc).__name__}: {exc}")
 
@@ -84,6 +84,31 @@ def _without(entry: Any, stale: set[str]) -> Any:
         variant for variant in code.guarded_codes
         if guards_digest(variant.guards_state) not in stale]) for code in entry.codes]
     return dataclasses.replace(entry, codes=codes)
+
+
+def _pruned(entry: Any) -> Any:
+    """The entry with each code's backends (compiled graphs) cut to those a variant it keeps still calls (by name, from
+    its bytecode): a variant left out, or two packages' copies of one variant, left its graph behind, and the entry
+    grew by it at every run. A backend wrongly cut is a missing one at load (torch then refuses the entry), never
+    another graph."""
+    used: set[str] = set()
+    for code in entry.codes:
+        for variant in code.guarded_codes:
+            if not isinstance(getattr(variant.dynamo_code, "co_names", None), (tuple, list)):
+                return entry  # another layout: what its code calls is not known, so nothing is cut
+            used |= _names_of(variant.dynamo_code)
+    codes = [dataclasses.replace(code, backend_ids=[b for b in code.backend_ids if b in used]) for code in entry.codes]
+    return dataclasses.replace(entry, codes=codes)
+
+
+def _names_of(code: Any, depth: int = 0) -> set[str]:
+    """The global names a (serialized) code object and the code objects among its constants load."""
+    names = {name for name in getattr(code, "co_names", ()) or () if isinstance(name, str)}
+    if depth < 16:
+        for const in getattr(code, "co_consts", ()) or ():
+            if hasattr(const, "co_names"):
+                names |= _names_of(const, depth + 1)
+    return names
 
 
 def _merged_code(ours: Any, theirs: Any) -> Any:

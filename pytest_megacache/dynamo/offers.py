@@ -101,16 +101,26 @@ def note_stale(stale: set[str], offer: Offer, refused: Refused) -> None:
         stale.add(offer.digest)
 
 
-def superseded(passed_over: list[Offer], test: str) -> tuple[bool, set[str]]:
+# What a frame about to be traced is to its own test's stored variants (:func:`superseded`): a new variant; one
+# traced in place of a variant of that test passed over the first time (stored marked so); or one of a frame that its
+# own test passes over run after run (what it traces is not written).
+NEW, REPLACES, UNSTABLE = 0, 1, 2
+
+
+def superseded(passed_over: list[Offer], test: str) -> int:
     """For a frame about to be traced in ``test`` (a tag) after the stored variants ``passed_over`` were refused by a
-    proof, failed to load or failed their guards: whether what it traces replaces a variant of that very test (stored so:
-    ``retraced``), and the variants not to write again (digests), those passed over so a second time running. A
-    variant that does not hold in the test that traced it holds in no later run where what it guards on is made anew
-    each time (a decorator instance's scratch state, a registry's order, a function copied by torch's pickle): each
-    such run added a variant never used. The first time, the variant passed over is kept: a run with another binding
-    of the moment (a test's ``monkeypatch`` in one job, not in another) may take it again."""
+    proof, failed to load or failed their guards: :data:`REPLACES` where one of them is a variant of that very test
+    (what it traces is stored marked so: ``retraced``), :data:`UNSTABLE` where such a variant was itself so marked
+    (passed over two runs running), else :data:`NEW`. A variant that does not hold in the test that traced it holds in
+    no later run where what it guards on is made anew each time (a decorator instance's scratch state, a registry's
+    order, a function copied by torch's pickle): each such run would store one more variant never used, or replace
+    one, and the store would change at every run. So the first time the variant passed over stays beside what is
+    traced (a run with another binding of the moment, a test's ``monkeypatch`` in one job and not in another, may take
+    either), and from the second time on what is stored stays as it is and what is traced is not written."""
     own = [offer for offer in passed_over if test and offer.origin[0] == test]
-    return bool(own), {offer.digest for offer in own if offer.origin[1]}
+    if any(offer.origin[1] for offer in own):
+        return UNSTABLE
+    return REPLACES if own else NEW
 
 
 def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any], build: Callable[[Offer], Any],
@@ -213,8 +223,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         if found is None:
             if refusal is not None:
                 state.refuse(*refusal)  # once per frame traced in place of a stored variant
-            state.retraced, replaced = superseded(passed_over, state.test)
-            state.superseded.update(replaced)  # not written again, unless taken elsewhere in this process
+            state.retraced = superseded(passed_over, state.test)
             return None
         offer, manager = found
         try:
@@ -239,7 +248,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
     @functools.wraps(compile_fn)
     def _compile(*args: Any, **kwargs: Any) -> Any:
         context, outer = None, state.retraced  # outer: an enclosing compile's, put back when this one ends
-        state.retraced = False  # set by reused() for the frame traced next
+        state.retraced = NEW  # set by reused() for the frame traced next
         started, key = time.perf_counter(), None
         try:
             bound = signature.bind(*args, **kwargs).arguments

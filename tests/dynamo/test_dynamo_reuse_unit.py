@@ -428,6 +428,30 @@ def test_merged_packages_keep_each_variant_and_resume_function_once(monkeypatch:
         dynamo_merge._merged([first, other])
 
 
+
+def test_a_merged_entry_keeps_only_the_compiled_graphs_its_variants_call() -> None:
+    """A variant left out (or the copies of one variant two packages held) leaves its compiled graph behind: kept, an
+    entry grew by one graph at every run of a test whose frame is traced anew each time (five graphs, 400 KB, per run
+    on a tensor-container suite), and was written again each time. The graphs a kept variant calls, from its own code
+    or a code object among its constants, stay."""
+    from types import SimpleNamespace
+
+    from pytest_megacache.dynamo import merge as dynamo_merge
+
+    nested = SimpleNamespace(co_names=("__compiled_fn_3",), co_consts=())
+    main = _Code(None, "m", [], [_Variant(b"g1", SimpleNamespace(co_names=("__compiled_fn_1", "__resume_at_2"),
+                                                                 co_consts=(None, nested)))],
+                 ["__compiled_fn_1", "__compiled_fn_3", "__compiled_fn_left"], {}, False)
+    resume = _Code(None, "m", ["__resume_at_2"], [_Variant(b"r1", SimpleNamespace(co_names=("__compiled_fn_2",)))],
+                   ["__compiled_fn_2", "__compiled_fn_1"], {}, False)
+    gone = _Code(None, "m", [], [], ["__compiled_fn_9"], {}, False)
+    pruned = dynamo_merge._pruned(_Entry([main, resume, gone]))
+    assert [code.backend_ids for code in pruned.codes] == [["__compiled_fn_1", "__compiled_fn_3"],
+                                                           ["__compiled_fn_2", "__compiled_fn_1"], []]
+    assert main.backend_ids[-1] == "__compiled_fn_left"  # a copy: what torch holds is not changed
+    unknown = _Entry([_Code(None, "m", [], [_Variant(b"g1", "no code")], ["__compiled_fn_1"], {}, False)])
+    assert dynamo_merge._pruned(unknown) is unknown
+
 # --- stored variants offered where Dynamo is about to trace ----------------------------------------------------------
 class _Guards:
     def __init__(self, holds: bool) -> None:
@@ -706,20 +730,21 @@ def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(
     assert trace.shown is not None and [w.message for w in trace.shown] == ["shown while Dynamo traces"]
 
 
-def test_a_variant_its_own_test_passes_over_a_second_time_running_is_not_written_again() -> None:
+def test_a_frame_its_own_test_passes_over_two_runs_running_stores_nothing_new() -> None:
     """A frame traced in place of a variant of its own test (a proof refused it, or its guards failed): what it
-    traces is marked as such; the variant passed over is left out of what is written only where it was itself so
-    marked (passed over two runs running: what it guards on is made anew every run), never another test's."""
-    from pytest_megacache.dynamo.offers import Offer, superseded, take
+    traces is stored marked as such, beside the variant passed over; where the variant passed over was itself so
+    marked (passed over two runs running: what it guards on is made anew every run), what is stored stays as it is
+    and the trace is not written (the store would change at every run), never for another test's variant."""
+    from pytest_megacache.dynamo.offers import NEW, REPLACES, UNSTABLE, Offer, superseded, take
 
     def offer(test: str, retraced: bool) -> Any:
         return Offer(None, None, b"", {}, [], "ctx", None, f"{test}-{retraced}", (test, retraced))
 
     first, again, other, untagged = offer("t1", False), offer("t1", True), offer("t2", True), offer("", True)
-    assert superseded([first], "t1") == (True, set())  # the first time: kept (another run may take it again)
-    assert superseded([first, again, other], "t1") == (True, {again.digest})
-    assert superseded([other, untagged], "t1") == (False, set())  # another test's, or one stored outside a test
-    assert superseded([again], "") == (False, set())  # a frame traced outside a test
+    assert superseded([first], "t1") == REPLACES  # the first time: kept beside (another run may take it again)
+    assert superseded([first, again, other], "t1") == UNSTABLE
+    assert superseded([other, untagged], "t1") == NEW  # another test's, or one stored outside a test
+    assert superseded([again], "") == NEW  # a frame traced outside a test
     calls: list[str] = []
 
     def build(o: Any) -> Any:
