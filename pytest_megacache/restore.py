@@ -452,7 +452,7 @@ def let_go(restored: Entries, staged: str) -> str:
     """An xdist controller's scratch copies of the files it restored, removed once ``staged`` holds them (it writes
     none into place): :func:`read_back` reads them back for a merge; read before, they fail, never misread."""
     for entry in restored:
-        if entry.path is not None and entry.digest is not None:
+        if entry.path is not None and entry.digest is not None and entry.kind.startswith(bundlemod.FILE_PREFIX):
             unlink(entry.path)
     return staged
 

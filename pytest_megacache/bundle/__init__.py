@@ -477,8 +477,8 @@ def read_object(
     held: Entries | None = None,
 ) -> tuple[Header, Decoded]:
     """Validate and decode the object in the open file ``fh``, as :func:`decode` does, reading it a chunk at a
-    time. With ``scratch_dir``, file entries are written there as they are decompressed (the object's digest and
-    signature were checked first). With ``held``, an entry of the same ``(kind, name)`` there stands for this
+    time. With ``scratch_dir``, file entries (and large ones) are written there as they are decompressed (the
+    object's digest and signature were checked first). With ``held``, an entry of the same ``(kind, name)`` there stands for this
     object's copy, whose frame is not decompressed when all of it is held (:func:`.payload.read_framed`)."""
     return _read(Source.of_file(fh), expected_fingerprint, limits, verify_keys, scratch_dir, held)
 

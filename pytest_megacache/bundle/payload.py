@@ -8,8 +8,8 @@ Format 2 (what this plugin writes) is a zstd frame per group of entries, then th
 A frame holds its entries' bytes back to back, in the index's order. Entries share a frame up to
 :data:`FRAME_BYTES` in all (small compiled files compress far better together); an entry larger than that has a
 frame of its own. So a reader that already holds some entries (the same graph stored by two shards) decompresses
-only the frames holding one it lacks, and writes each file entry to a scratch file as it decompresses it: neither the
-payload nor the compiled files are ever all in memory.
+only the frames holding one it lacks, and writes each file entry (and each entry of :data:`IN_FILE_BYTES` or more) to a
+scratch file as it decompresses it: neither the payload nor the compiled files are ever all in memory.
 
 Format 1 (read, never written) is one zstd frame of::
 
@@ -46,6 +46,14 @@ MAX_INDEX_BYTES = 64 << 20
 # decompressor's working memory whatever a hostile frame header says. Objects this plugin writes use far less.
 MAX_WINDOW_BYTES = 1 << 27
 _FRAME_HEADER_MAX = 18  # ZSTD_FRAMEHEADERSIZE_MAX
+# With a scratch directory, an entry goes to a file of its own as it is decompressed where it is a file, or this
+# large (a Dynamo entry: a session that held them all in memory held their bytes for its whole life, once torch had
+# them too); smaller torch entries stay in memory.
+IN_FILE_BYTES = 256 << 10
+
+
+def _in_file(kind: str, length: int) -> bool:
+    return kind.startswith(FILE_PREFIX) or length >= IN_FILE_BYTES
 
 
 class Source:
@@ -321,9 +329,9 @@ class Decoded:
 def read_framed(src: Source, offset: int, payload_size: int, raw_size: int, index_size: int, count: int,
                 limits: Limits, scratch_dir: str | None = None, held: Entries | None = None) -> Decoded:
     """The entries of a format-2 payload at ``offset`` (its SHA-256 checked by the caller). With ``scratch_dir``, file
-    entries are written there, each as it is decompressed. With ``held``, an entry of the same ``(kind, name)``
-    there (not a mutable one: a profile is read anew) stands for this one's copy, and a frame all of whose entries
-    are held is not decompressed at all."""
+    entries (and large ones: :data:`IN_FILE_BYTES`) are written there, each as it is decompressed. With ``held``, an
+    entry of the same ``(kind, name)`` there (not a mutable one: a profile is read anew) stands for this one's copy,
+    and a frame all of whose entries are held is not decompressed at all."""
     if not 0 < index_size <= payload_size:
         raise BundleError("index size out of range")
     reader = _decompressor(src.region(offset + payload_size - index_size, index_size))
@@ -359,7 +367,7 @@ def read_framed(src: Source, offset: int, payload_size: int, raw_size: int, inde
                     if mine is not None:
                         stream.skip(item.length, what)
                         entry = mine
-                    elif scratch_dir is not None and item.kind.startswith(FILE_PREFIX):
+                    elif scratch_dir is not None and _in_file(item.kind, item.length):
                         entry = stream.to_file(item.kind, item.name, item.mode, item.length, what, scratch_dir)
                     else:
                         entry = Entry(item.kind, item.name, stream.take(item.length, what), item.mode)
@@ -372,8 +380,8 @@ def read_framed(src: Source, offset: int, payload_size: int, raw_size: int, inde
 
 
 def read_v1(src: Source, offset: int, raw_size: int, limits: Limits, scratch_dir: str | None = None) -> Decoded:
-    """The entries of a format-1 payload (one zstd frame) at ``offset``; with ``scratch_dir``, file entries are
-    written there as they are decompressed."""
+    """The entries of a format-1 payload (one zstd frame) at ``offset``; with ``scratch_dir``, file entries (and
+    large ones: :data:`IN_FILE_BYTES`) are written there as they are decompressed."""
     payload = src.region(offset, src.size - offset)
     params = zstandard.get_frame_parameters(src.read_at(offset, _FRAME_HEADER_MAX))
     if params.content_size not in (zstandard.CONTENTSIZE_UNKNOWN, raw_size):
@@ -411,7 +419,7 @@ def _v1_entries(raw: _RawStream, limits: Limits, scratch_dir: str | None) -> Ent
         data_len = int.from_bytes(take(8, "data length"), "big")
         validate_entry(kind, name)
         what = f"data of {name[:60]!r}"
-        if scratch_dir is not None and kind.startswith(FILE_PREFIX):
+        if scratch_dir is not None and _in_file(kind, data_len):
             entry = raw.to_file(kind, name, mode, data_len, what, scratch_dir)
         else:
             entry = Entry(kind, name, take(data_len, what), mode)

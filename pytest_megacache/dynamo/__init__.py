@@ -115,7 +115,7 @@ class _Reuse:
         # holding one is written, though another variant of it was traced without (under other warning filters, say).
         self.side_effects: set[tuple[str, int, str]] = set()
         # key -> the packages recorded under it in this process and their latest entries
-        self.recorded: dict[str, dict[int, tuple[Any, Any]]] = {}
+        self.recorded: dict[str, dict[int, Any]] = {}
         self.reasons: dict[str, str] = {}
         self.offers = Offers()
         # key -> the stored entry installed in this process; the stored variants whose proofs failed here (digests)

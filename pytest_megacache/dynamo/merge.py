@@ -9,6 +9,7 @@ other code (a resume function) with every package's compiled variants and names,
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 from .objects import code_digest
@@ -38,10 +39,13 @@ def packages_merged(state: Any, cache: Any) -> None:
             latest = entries.get(key)
             if latest is None:
                 return
+            loaded = state.loaded.get(key)
             per_package = state.recorded.setdefault(key, {})
-            per_package[id(package)] = (package, latest)  # the package itself kept: its id is not reused
-            parts = [entry for _package, entry in per_package.values()]
-            if (loaded := state.loaded.get(key)) is not None:
+            # each package's variants that the stored entry lacks (each wrapper's package holds its own unpickled copy
+            # of every stored variant: kept, they were held for the whole session, once per wrapper)
+            per_package[_serial(package)] = _new_only(latest, loaded)
+            parts = list(per_package.values())
+            if loaded is not None:
                 parts.insert(0, loaded)  # a package that did not load it (its install failed) would lose it
             drop = state.stale | (state.superseded - state.taken)
             if len(parts) > 1 or drop:
@@ -50,6 +54,28 @@ def packages_merged(state: Any, cache: Any) -> None:
             state.refuse("torch_error", f"packages of one function not merged: {type(exc).__name__}: {exc}")
 
     cache.record_package = record_package
+
+
+_SERIALS = itertools.count()
+
+
+def _serial(package: Any) -> int:
+    """A number of its own for each package, for as long as the process runs (an ``id`` may be reused once it is
+    gone, and the package need not be kept for it)."""
+    serial = package.__dict__.get("_megacache_serial")
+    if serial is None:
+        serial = package.__dict__["_megacache_serial"] = next(_SERIALS)
+    return int(serial)
+
+
+def _new_only(entry: Any, loaded: Any) -> Any:
+    """``entry`` without the variants the stored entry ``loaded`` holds already (by their guards)."""
+    if loaded is None:
+        return entry
+    stored = {bytes(variant.guards_state) for code in loaded.codes for variant in code.guarded_codes}
+    codes = [dataclasses.replace(code, guarded_codes=[
+        variant for variant in code.guarded_codes if bytes(variant.guards_state) not in stored]) for code in entry.codes]
+    return dataclasses.replace(entry, codes=codes)
 
 
 def _merged(entries: list[Any]) -> Any:

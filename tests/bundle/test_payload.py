@@ -129,6 +129,18 @@ def test_file_entries_go_to_scratch_files_and_torch_entries_stay_in_memory(tmp_p
     assert all(e.digest == hashlib.sha256(e.data).digest() for e in decoded.entries if e.path is not None)
 
 
+
+def test_a_large_torch_entry_goes_to_a_scratch_file_too(tmp_path: Path) -> None:
+    """A Dynamo entry is MBs: held in memory, a session held every one it restored for its whole life (about 150 MB on
+    a tensor-container suite), once torch had them too."""
+    big = Entry("torch/precompile", "p" * 64, random.Random(1).randbytes(payload.IN_FILE_BYTES))
+    small = Entry("torch/inductor", "fa" + "a" * 50, b"graph")
+    _header, decoded = read(bundle.encode(Entries([big, small]), FP), scratch_dir=str(tmp_path))
+    got_big, got_small = decoded.entries.get(big.ident), decoded.entries.get(small.ident)
+    assert got_big is not None and got_big.path is not None and Path(got_big.path).parent == tmp_path
+    assert got_big.data == big.data and got_big.digest == hashlib.sha256(big.data).digest()
+    assert got_small is not None and got_small.path is None and got_small.data == b"graph"
+
 def test_a_format_1_object_is_still_read_and_its_files_go_to_scratch(tmp_path: Path) -> None:
     entries = sample()
     raw = payload.PAYLOAD_MAGIC + len(entries).to_bytes(4, "big") + b"".join(

@@ -452,6 +452,31 @@ def test_a_merged_entry_keeps_only_the_compiled_graphs_its_variants_call() -> No
     unknown = _Entry([_Code(None, "m", [], [_Variant(b"g1", "no code")], ["__compiled_fn_1"], {}, False)])
     assert dynamo_merge._pruned(unknown) is unknown
 
+
+def test_what_a_package_recorded_is_kept_without_the_stored_variants_and_without_the_package() -> None:
+    """Each wrapper of a function unpickles the stored entry anew (its package holds a copy of every stored variant):
+    what the merge keeps of each package is the variants the stored entry lacks, and the package itself is not kept
+    alive for it (a number of its own tells packages apart)."""
+    import gc
+    import weakref
+
+    from pytest_megacache.dynamo import merge as dynamo_merge
+
+    loaded = _Entry([_Code(None, "m", [], [_Variant(b"g1", "a"), _Variant(b"g2", "b")], [], {}, False)])
+    latest = _Entry([_Code(None, "m", [], [_Variant(b"g1", "a"), _Variant(b"g2", "b"), _Variant(b"g3", "c")], [], {},
+                           False)])
+    assert [v.guards_state for v in dynamo_merge._new_only(latest, loaded).codes[0].guarded_codes] == [b"g3"]
+    assert dynamo_merge._new_only(latest, None) is latest
+    class Package:
+        pass
+
+    one, two = Package(), Package()
+    assert dynamo_merge._serial(one) == dynamo_merge._serial(one) != dynamo_merge._serial(two)
+    gone = weakref.ref(one)
+    del one
+    gc.collect()
+    assert gone() is None
+
 # --- stored variants offered where Dynamo is about to trace ----------------------------------------------------------
 class _Guards:
     def __init__(self, holds: bool) -> None:
