@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import getpass
-import hashlib
 import json
 import os
 import re
@@ -32,6 +31,7 @@ except ImportError:  # pragma: no cover - Windows
 from .bundle import FILE_PREFIX, Entries, Entry, validate_file_path
 from .errors import BundleError, LocalDiskError, note_free
 from .fsutil import copy_regular, read_regular, stray, temp_owner, write_atomic
+from .scratch import unlink
 
 # What must not travel (locks, temp files, the precompiled header, Inductor's copy of Triton kernels that
 # travel inside FX-graph entries, dynamic-shape profiles). (Inductor's "triton" folder here is its own; a
@@ -442,22 +442,15 @@ class FileRoot:
             raise BundleError(f"resolves outside {root}")
         if os.path.lexists(target):
             if move and _holds(str(target), entry):
-                _unlink(entry.moved(str(target)))
+                unlink(entry.moved(str(target)))
             return False
         if move and (linked := _link_into_place(entry, str(target))) is not None:
             return linked
         # Never over a name that appeared meanwhile (a concurrent writer's file stays).
         written = write_atomic(target, entry.chunks(), mode=entry.mode & 0o755, replace=False, lock=True)
         if written and move:
-            _unlink(entry.moved(str(target)))
+            unlink(entry.moved(str(target)))
         return written
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _link_into_place(entry: Entry, target: str) -> bool | None:
@@ -474,19 +467,18 @@ def _link_into_place(entry: Entry, target: str) -> bool | None:
         if exc.errno in _DISK_FULL:
             raise
         return None
-    _unlink(entry.moved(target))
+    unlink(entry.moved(target))
     return True
 
 
 def _holds(path: str, entry: Entry) -> bool:
-    """Whether the regular file at ``path`` holds ``entry``'s bytes (its size, then its digest)."""
+    """Whether the regular file at ``path`` holds ``entry``'s bytes: read as an entry of that size and digest
+    would be (:meth:`.Entry.chunks` checks both)."""
     try:
-        if os.lstat(path).st_size != entry.size or os.path.islink(path):
+        if os.path.islink(path) or os.lstat(path).st_size != entry.size:
             return False
-        sha = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                sha.update(chunk)
-    except OSError:
+        for _chunk in Entry.in_file(entry.kind, entry.name, path, entry.size, digest=entry.digest).chunks():
+            pass
+    except (OSError, BundleError):
         return False
-    return sha.digest() == entry.digest
+    return True

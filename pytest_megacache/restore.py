@@ -232,9 +232,9 @@ class Restore:
     def reload(self) -> None:
         """Before a merge: an xdist controller's files, read back from the object it staged (:func:`read_back`)."""
         staged, self.staged = self.staged, None
+        if staged is None:
+            return
         try:
-            if staged is None:
-                return
             read_back(staged, self.restored, self.owner.fingerprint, self.owner.limits, self.owner.scratch.path())
         except (BundleError, OSError) as exc:
             self.owner.problem(f"reading back the staged restore for a merge: {redact_cut(str(exc))}")

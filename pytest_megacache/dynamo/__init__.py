@@ -114,7 +114,8 @@ class _Reuse:
         # Frames (file, first line, name) of which a trace showed a warning that cannot be shown again: no entry
         # holding one is written, though another variant of it was traced without (under other warning filters, say).
         self.side_effects: set[tuple[str, int, str]] = set()
-        # key -> the packages recorded under it in this process and their latest entries
+        # key -> per package recorded under it in this process (merge._serial), the variants it traced that the
+        # stored entry lacks (merge._new_only)
         self.recorded: dict[str, dict[int, Any]] = {}
         self.reasons: dict[str, str] = {}
         self.offers = Offers()

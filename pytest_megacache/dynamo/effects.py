@@ -134,8 +134,8 @@ def read_effects(raw: Any) -> Effects:
     if not isinstance(raw, dict) or set(raw) - {"warnings", "counters"}:
         raise Refused("side_effect", "malformed record of what the trace did")
     shown, counts = raw.get("warnings", []), raw.get("counters", {})
-    if not isinstance(shown, list) or len(shown) > MAX_WARNINGS or not isinstance(counts, dict) or not set(counts) <= \
-            set(TRACE_COUNTERS):
+    if (not isinstance(shown, list) or len(shown) > MAX_WARNINGS or not isinstance(counts, dict)
+            or not set(counts) <= set(TRACE_COUNTERS)):
         raise Refused("side_effect", "malformed record of what the trace did")
     warned = []
     for item in shown:
