@@ -113,10 +113,10 @@ def _without(entry: Any, stale: set[str]) -> Any:
 
 
 def _pruned(entry: Any) -> Any:
-    """The entry with each code's backends (compiled graphs) cut to those a variant it keeps still calls (by name, from
-    its bytecode): a variant left out, or two packages' copies of one variant, left its graph behind, and the entry
-    grew by it at every run. A backend wrongly cut is a missing one at load (torch then refuses the entry), never
-    another graph."""
+    """The entry with each code's backends (compiled graphs) cut to those a variant it keeps still calls: a variant
+    left out, or two packages' copies of one variant, left its graph behind, and the entry grew by it at every run.
+    A variant calls a compiled graph by its global name, so every name its bytecode (or a code object among its
+    constants) loads is kept; where a variant's code cannot be read so, nothing is cut."""
     used: set[str] = set()
     for code in entry.codes:
         for variant in code.guarded_codes:
