@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import bundle as bundlemod
-from .bundle import Entries, Limits
+from .bundle import PRECOMPILE_KIND, Entries, Limits
 from .compaction import PART_FIELD, STALE_GROUP_SECONDS, Held, units
 from .errors import BundleError, LocalDiskError, StoreError, redact_cut
 from .files import FileRoot, torch_cache_ident
@@ -267,14 +267,14 @@ class CacheSession:
         used: set[tuple[str, str]] = set()
         for record in ts.per_test.values():
             hits = [a for a in map(_ident, record["artifacts"]) if a in restored_torch]
-            record["seconds_saved"] = round(sum(cold.get(a, 0.0) for a in hits), 3)
+            record["seconds_saved"] = round(sum(cold.get(a, 0.0) for a in hits if a[0] != PRECOMPILE_KIND), 3)
             used.update(hits)
         if adapter is not None:
-            # Dynamo reuse installs entries when torch.compile() wraps a function, outside any compile: every entry
-            # this process installed, whichever test (or import) wrapped it
+            # Dynamo reuse installs entries where torch.compile() wraps a function: every one this process installed
             used.update(a for a in (_ident(f"{kind}:{key}") for kind, key in TorchAdapter.seen_artifacts()
                                     if kind == "precompile") if a in restored_torch)
-        ts.seconds_saved = round(sum(cold.get(a, 0.0) for a in used), 3)
+        # a Dynamo entry's variants taken spared what each recorded (ts.dynamo_spared, this process's and its workers')
+        ts.seconds_saved = round(sum(cold.get(a, 0.0) for a in used if a[0] != PRECOMPILE_KIND) + ts.dynamo_spared, 3)
         for kind, count in self.restored.counts().items():
             if kind.startswith(bundlemod.TORCH_PREFIX):
                 ts.layers[kind[len(bundlemod.TORCH_PREFIX):]] = {"restored": count, "used": 0}

@@ -49,6 +49,9 @@ class CompileRecord:
     compiles: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     artifacts: list[tuple[str, str]] = field(default_factory=list)
+    # of the seconds, what torch's metrics give the backend (AOTAutograd and Inductor, forward and backward): what a
+    # hit on the cached graphs spares; None where torch keeps no metrics
+    backend: float | None = None
 
     @property
     def misses(self) -> int:
@@ -88,7 +91,10 @@ class TorchAdapter:
         self.compile_seconds = 0.0
         self._started: float | None = None
         self.per_test: dict[str, CompileRecord] = {}
-        self._test: tuple[str, float, int, dict[str, int], int, int] | None = None
+        self._test: tuple[str, float, int, dict[str, int], int, int, float] | None = None
+        self._absorbed = 0  # compiles counted when torch's metrics were last read
+        self.spared_before = dynamo.spared_seconds()  # this process's, since an earlier session in it (pytester)
+        self.metrics_kept = False  # torch keeps per-frame metrics (absorb_metrics read them)
         # torch's own split of the compile seconds (its per-frame compilation metrics), summed as they come
         self.split = {"dynamo": 0.0, "backend": 0.0, "backward": 0.0}
         self.import_spans: list[tuple[float, float]] = []  # torch's and torch._dynamo's imports, when a hook saw them
@@ -166,6 +172,7 @@ class TorchAdapter:
         get = getattr(sys.modules.get("torch._dynamo.utils"), "get_compilation_metrics", None)
         if get is None:
             return
+        self.metrics_kept, self._absorbed = True, self.compiles
         try:
             records = list(get())
             start = 0
@@ -194,15 +201,17 @@ class TorchAdapter:
 
     # --- per-test attribution --------------------------------------------------------------------
     def begin_test(self, nodeid: str) -> None:
+        if self.compiles != self._absorbed:  # compiled between tests (a fixture, an import): not this test's
+            self.absorb_metrics()
         self._test = (nodeid, self.compile_seconds, self.compiles, self.counters(), len(self._seen_set()),
-                      len(self._installed()))
+                      len(self._installed()), self._backend_seconds())
         dynamo.set_test(nodeid)  # what a test traces keeps its tag (no-op without Dynamo reuse)
 
     def end_test(self) -> None:
         dynamo.set_test(None)
         if self._test is None:
             return
-        nodeid, seconds, compiles, counters, seen, installed = self._test
+        nodeid, seconds, compiles, counters, seen, installed, backend = self._test
         self._test = None
         if self.compiles != compiles:  # torch's ring of metrics holds 64 frames: read it after each test that compiled
             self.absorb_metrics()
@@ -214,11 +223,16 @@ class TorchAdapter:
             return
         record = self.per_test.setdefault(nodeid, CompileRecord())
         record.seconds += self.compile_seconds - seconds
+        if self.metrics_kept:
+            record.backend = (record.backend or 0.0) + max(0.0, self._backend_seconds() - backend)
         record.compiles += self.compiles - compiles
         for k, v in delta.items():
             record.counters[k] = record.counters.get(k, 0) + v
         record.artifacts.extend(self._seen()[seen:])
         record.artifacts.extend(("precompile", key) for key in self._installed()[installed:])
+
+    def _backend_seconds(self) -> float:
+        return self.split["backend"] + self.split["backward"]
 
     @staticmethod
     def _seen_set() -> Any:

@@ -13,7 +13,6 @@ from . import bundle as bundlemod
 from . import envpolicy
 from .bundle import PRECOMPILE_KIND, Entries, Entry, Limits
 from .compaction import PART_FIELD, Compaction, Held
-from .dynamo import tag_of_test, traced_in
 from .errors import BundleError, LocalDiskError, StoreError, note_free, redact_cut
 from .report import TorchStats, UploadStats, human_bytes
 from .scratch import Scratch, unlink
@@ -354,30 +353,21 @@ class Upload:
         return restored_cold_seconds(self.owner.restored_headers)
 
     def cold_seconds(self, payload: Entries) -> dict[str, float]:
-        """For the torch artifacts in ``payload``: each new one's share of the compile seconds of the test
-        that produced it, and what restored objects recorded for the others (a compaction keeps them)."""
+        """For the torch artifacts in ``payload``: each new one's share of the backend seconds of the test that
+        produced it (what a later hit on it spares: Dynamo still traces the frame; all of the test's compile seconds
+        where torch kept no metrics), and what restored objects recorded for the others (a compaction keeps them).
+        Stored Dynamo entries have none here: each variant carries what its trace took (Dynamo reuse)."""
         out: dict[str, float] = {}
         for record in self.owner.torch_stats.per_test.values():
-            fresh = [a for a in record["artifacts"] if _ident(a) in payload and _ident(a) not in self.owner.restored]
+            fresh = [a for a in record["artifacts"] if _ident(a) in payload and _ident(a) not in self.owner.restored
+                     and _ident(a)[0] != PRECOMPILE_KIND]
+            spared = float(record.get("backend", record["seconds"]))
             for artifact in fresh:
-                out.setdefault(artifact, round(float(record["seconds"]) / len(fresh), 4))
+                out.setdefault(artifact, round(spared / len(fresh), 4))
         for (kind, key), seconds in self.restored_cold_seconds().items():
-            if (kind, key) in payload:
+            if (kind, key) in payload and kind != PRECOMPILE_KIND:
                 out.setdefault(f"{kind[len(bundlemod.TORCH_PREFIX):]}:{key}", seconds)
-        for artifact, seconds in self.traced_seconds(payload).items():
-            out.setdefault(artifact, seconds)
         return dict(list(out.items())[:MAX_COLD_SECONDS])
-
-    def traced_seconds(self, payload: Entries) -> dict[str, float]:
-        """For the Dynamo entries of ``payload`` (written at the session's end, outside any test): of the compile
-        seconds of each test a variant was traced in (its tag), a share among the entries traced there. A frame taken
-        from the store spares them: it is neither traced nor are its graphs looked up."""
-        tests = {tag_of_test(nodeid): float(record["seconds"]) for nodeid, record in self.owner.torch_stats.per_test.items()}
-        traced = {e.name: set(traced_in(e.data)) & tests.keys() for e in payload if e.kind == PRECOMPILE_KIND}
-        shares = {tag: sum(tag in tags for tags in traced.values()) for tag in tests}
-        layer = PRECOMPILE_KIND[len(bundlemod.TORCH_PREFIX):]
-        return {f"{layer}:{name}": round(sum(tests[tag] / shares[tag] for tag in tags), 4)
-                for name, tags in traced.items() if tags}
 
     def upload_meta(self, payload: Entries) -> dict[str, object]:
         ts = self.owner.torch_stats

@@ -29,6 +29,8 @@ FOLDER = f"pytest-megacache/{FP}"
 class FakeTorch:
     """Stands in for TorchAdapter: 'compiles' the given keys, records loads."""
 
+    spared_before = 0.0  # no Dynamo reuse here
+
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
         self.loaded: list[list[tuple[str, str, bytes]]] = []
@@ -301,6 +303,24 @@ def test_cold_seconds_are_recorded_and_warm_hits_count_as_saved(tmp_path: Path) 
     assert warm.torch_stats.seconds_saved == 1.0
     assert warm.torch_stats.per_test["test_all"]["seconds_saved"] == 1.0
     assert warm.torch_stats.layers["inductor"] == {"restored": 2, "used": 2}
+
+
+def test_a_hit_counts_the_backend_seconds_it_spares_where_torch_kept_them(tmp_path: Path) -> None:
+    """A hit on a cached graph spares its backend's seconds (AOTAutograd, Inductor), not Dynamo's, which trace the
+    frame again: where torch's metrics split a test's compile seconds, its artifacts share the backend's part."""
+    store = MemoryStore()
+    s = session(store, tmp_path, "cold")
+    torch = FakeTorch([KEY_A, KEY_B])
+    torch.per_test["test_all"].backend = 0.4  # of its 1.0 s
+    s.start_restore(background=False)
+    s.load_into_torch(loader=torch.load)
+    s.finish(torch)  # type: ignore[arg-type]
+    [obj] = store.list(FOLDER)
+    blob = store.get(FOLDER, obj.name, 1 << 20)
+    assert blob is not None
+    assert bundlemod.decode(blob)[0].extra["cold_seconds"] == {f"inductor:{KEY_A}": 0.2, f"inductor:{KEY_B}": 0.2}
+    warm, _ = run(store, tmp_path, "warm", [KEY_A, KEY_B])
+    assert warm.torch_stats.seconds_saved == 0.4
 
 
 def test_full_coverage_is_expected_only_for_the_same_selection(tmp_path: Path) -> None:

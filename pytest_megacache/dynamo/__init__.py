@@ -46,6 +46,7 @@ import inspect
 import os
 import re
 import sys
+import time
 from typing import Any
 
 from . import repairs
@@ -53,9 +54,10 @@ from .backends import backends_recorded_once, eager_graphs_stored, wrapped_after
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, effects_of, failed_load_contained, watch_warnings
 from .merge import enterable_codes, entry_signature, packages_merged, stored_code
-from .offers import NEW, UNSTABLE, Offer, Offers, offer_where_traced, offered_seconds
+from .offers import NEW, UNSTABLE, Offer, Offers, offer_where_traced, offered_seconds, spared_seconds
 from .proofs import (
     Refused,
+    Stored,
     code_digest,
     function_of,
     guards_digest,
@@ -65,12 +67,11 @@ from .proofs import (
     reason_of,
     source_id,
     tag_of_test,
-    traced_in,
     unpack_guards,
 )
 
-__all__ = ["COUNTERS", "before_first_load", "install", "offered_seconds", "refusal_reasons", "set_test", "tag_of_test",
-           "traced_in", "used_entries"]
+__all__ = ["COUNTERS", "before_first_load", "install", "offered_seconds", "refusal_reasons", "set_test",
+           "spared_seconds", "used_entries"]
 
 # Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
 # chain of code edits against eager, the version suite's reuse tier): 2.11 on an H100 host and on CPU, 2.12 to 2.15
@@ -104,9 +105,9 @@ class _Reuse:
 
     def __init__(self, rootdir: str) -> None:
         self.rootdir = rootdir
-        # per placeholder of a guard state: proofs, context, digest, torch's stored state, the placeholder (held, so
-        # that its id is not reused before torch's install hands it back)
-        self.pending: dict[int, tuple[list[dict[str, Any]], str, str, bytes, Any, tuple[str, bool], Any]] = {}
+        # per placeholder of a guard state: what was stored, its digest, the placeholder (held, so that its id is not
+        # reused before torch's install hands it back)
+        self.pending: dict[int, tuple[Stored, str, Any]] = {}
         self.installing: Any = None  # the CompilePackage being installed
         self.before_load: Any = lambda: None  # the session's: the restore loaded into torch (see before_first_load)
         self.traces: dict[str, Trace] = {}  # per compile (id) tracing a frame: what it did besides its output
@@ -245,7 +246,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             raise torch._dynamo.exc.PackageError(why)
         # what the trace did that a test can see, done again where the variant is taken (effects): a warning shown
         # that cannot be shown again (its class defined in a function, say) leaves the frame traced in every run
-        if (effects := effects_of(state.traces.get(str(compile_id())), counters)) is None:
+        if (effects := effects_of(trace := state.traces.get(str(compile_id())), counters)) is None:
             state.refuse("side_effect", "a warning that cannot be shown again was shown while the frame was traced")
             state.side_effects.add(code_key(state.frame_code))
             raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
@@ -285,7 +286,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.refuse(reason, f"{type(exc).__name__}: {exc}")
             raise torch._dynamo.exc.PackageError(f"{type(exc).__name__}: {exc}") from None
         state.count("dynamo_stored")
-        packed = pack_guards(proofs, context, data, state.test, state.retraced != NEW, effects)
+        seconds = time.perf_counter() - trace.started if trace is not None else None  # the guards are built last
+        packed = pack_guards(proofs, context, data, state.test, state.retraced != NEW, effects, seconds)
         if state.retraced == UNSTABLE:
             state.superseded.add(guards_digest(packed))
         return packed
@@ -299,10 +301,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         # torch's install unpickles every variant's guards here, and builds them next: both are left to the offer
         # (a variant of another compile, or of a frame never called, is never unpickled), whose placeholder tells
         # torch's install that no builtins dict is to be put in place yet (the offer does it, as torch does)
-        proofs, context, inner, origin, effects = unpack_guards(data)
+        stored = unpack_guards(data)
         placeholder = guards_state_class.__new__(guards_state_class)
         object.__setattr__(placeholder, "output_graph", _NO_BUILTINS)
-        state.pending[id(placeholder)] = (proofs, context, guards_digest(data), inner, placeholder, origin, effects)
+        state.pending[id(placeholder)] = (stored, guards_digest(data), placeholder)
         return placeholder
 
     package.load_guards_state = load_guards_state_proven
@@ -314,9 +316,9 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         pending = state.pending.pop(id(guards_state), None)
         if pending is None:
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
-        proofs, context, digest, inner, _, origin, effects = pending
-        return Offer(target_code, None, inner, runtime_global_scope, proofs, context, state.installing, digest, origin,
-                     effects)
+        stored, digest, _ = pending
+        return Offer(target_code, None, stored.guards_state, runtime_global_scope, stored.proofs, stored.context,
+                     state.installing, digest, stored.origin, stored.effects, stored.seconds)
 
     package.load_guard_manager = load_guard_manager_deferred
     eval_frame_c = torch._C._dynamo.eval_frame

@@ -27,6 +27,7 @@ import gc
 import logging
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -78,14 +79,15 @@ NO_EFFECTS = Effects()
 
 
 class Trace:
-    """One frame being traced: torch's counters before it, and the warnings shown so far (None once one was shown
-    that could not be shown again)."""
+    """One frame being traced: torch's counters before it, the warnings shown so far (None once one was shown
+    that could not be shown again) and when its trace started."""
 
-    __slots__ = ("before", "shown")
+    __slots__ = ("before", "shown", "started")
 
     def __init__(self, table: Mapping[str, Mapping[str, int]]) -> None:
         self.before = counted(table)
         self.shown: list[Shown] | None = []
+        self.started = time.perf_counter()
 
 
 def counted(table: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:

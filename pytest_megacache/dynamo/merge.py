@@ -72,9 +72,10 @@ def _new_only(entry: Any, loaded: Any) -> Any:
     """``entry`` without the variants the stored entry ``loaded`` holds already (by their guards)."""
     if loaded is None:
         return entry
-    stored = {bytes(variant.guards_state) for code in loaded.codes for variant in code.guarded_codes}
+    stored = {guards_digest(variant.guards_state) for code in loaded.codes for variant in code.guarded_codes}
     codes = [dataclasses.replace(code, guarded_codes=[
-        variant for variant in code.guarded_codes if bytes(variant.guards_state) not in stored]) for code in entry.codes]
+        variant for variant in code.guarded_codes if guards_digest(variant.guards_state) not in stored])
+        for code in entry.codes]
     return dataclasses.replace(entry, codes=codes)
 
 
@@ -138,10 +139,10 @@ def _names_of(code: Any, depth: int = 0) -> set[str]:
 
 
 def _merged_code(ours: Any, theirs: Any) -> Any:
-    seen = {bytes(variant.guards_state) for variant in ours.guarded_codes}
+    seen = {guards_digest(variant.guards_state) for variant in ours.guarded_codes}
     guarded = list(ours.guarded_codes)
     for variant in theirs.guarded_codes:
-        if (guards := bytes(variant.guards_state)) not in seen:
+        if (guards := guards_digest(variant.guards_state)) not in seen:  # one variant traced in two runs: the first
             seen.add(guards)
             guarded.append(variant)
     backends = [*ours.backend_ids, *(b for b in theirs.backend_ids if b not in ours.backend_ids)]

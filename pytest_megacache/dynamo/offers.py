@@ -51,15 +51,16 @@ class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
 
     __slots__ = ("code", "context", "digest", "dynamo_code", "effects", "failed", "origin", "package", "prepared",
-                 "proofs", "scope", "stored")
+                 "proofs", "scope", "seconds", "stored")
 
     def __init__(self, code: Any, dynamo_code: Any, stored: bytes, scope: dict[str, Any],
                  proofs: list[dict[str, Any]], context: str, package: Any, digest: str,
-                 origin: tuple[str, bool] = ("", False), effects: Effects = NO_EFFECTS) -> None:
+                 origin: tuple[str, bool] = ("", False), effects: Effects = NO_EFFECTS, seconds: float = 0.0) -> None:
         self.code, self.dynamo_code, self.stored, self.scope = code, dynamo_code, stored, scope
         self.proofs, self.context, self.package = proofs, context, package
         self.origin = origin  # the tag of the test it was traced in, and whether it replaced one passed over there
         self.effects = effects  # what its trace did that a test can see, done again where it is taken
+        self.seconds = seconds  # what its trace and compile took where it was traced: spared where it is taken
         self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state): the variant
         self.failed: Exception | None = None  # why torch could not load it (not tried again)
         self.prepared = Prepared(code, scope)
@@ -235,6 +236,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             return None
         count_again(offer.effects, counters)  # what the trace added to torch's counters (a test may read them)
         state.taken.add(offer.digest)
+        _SPARED[0] += offer.seconds
         state.count("dynamo_frames_reused")
         # what torch notes of a frame it traced: its output code's origin (read where a later call of it recompiles)
         # and the code to reset with Dynamo's caches
@@ -293,6 +295,13 @@ def _trace(counters: Any) -> Trace | None:
 
 
 _OFFERED = [0.0]  # seconds spent offering stored variants in this process (taken or passed over)
+_SPARED = [0.0]  # what the variants taken in this process took to trace and compile where they were traced
+
+
+def spared_seconds() -> float:
+    """The seconds the stored variants taken in this process took to trace and compile where they were traced (as
+    each recorded it): the compiling they spared here."""
+    return _SPARED[0]
 
 
 def offered_seconds() -> float:

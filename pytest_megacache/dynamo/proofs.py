@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import pickle
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .effects import Effects, read_effects
 from .objects import Refused, code_digest, describe, describe_member, find, function_of
@@ -26,13 +27,14 @@ from .paths import parse_path, path_text, resolve, rooted_at
 from .proof_globals import check_global, prove_global
 from .proof_locals import check_local, prove_local
 
-__all__ = ["Refused", "check_proofs", "code_digest", "describe", "describe_member", "find", "function_of",
+__all__ = ["Refused", "Stored", "check_proofs", "code_digest", "describe", "describe_member", "find", "function_of",
            "guards_digest", "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "tag_of_test",
            "unpack_guards"]
 
 _MAGIC = b"megacache-guards-4\n"
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
 _ID_PREFIX = b"pytest-megacache dynamo entry 4\0"
+MAX_SECONDS = 86_400.0  # what a stored variant may say its trace took (an unverified input when read)
 
 
 def _relative_file(filename: str, rootdir: str) -> str:
@@ -108,23 +110,59 @@ def check_proofs(proofs: list[dict[str, Any]], scope: dict[str, Any], local_scop
             check_local(proof, steps, local_scope)
 
 
+class Stored(NamedTuple):
+    """A variant's stored guards as :func:`unpack_guards` reads them."""
+
+    proofs: list[dict[str, Any]]
+    context: str
+    guards_state: bytes  # torch's
+    origin: tuple[str, bool]  # the tag of the test it was traced in, and whether it replaced one passed over there
+    effects: Effects
+    seconds: float  # what its trace and compile took where it was traced
+
+
 def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes, test: str = "",
-                retraced: bool = False, effects: dict[str, Any] | None = None) -> bytes:
+                retraced: bool = False, effects: dict[str, Any] | None = None, seconds: float | None = None) -> bytes:
     """torch's guard state with the proofs of its identity guards, the digest of the context it was compiled in
     (:func:`pytest_megacache.dynamo.context.compile_context`), the tag of the test it was traced in
     (:func:`tag_of_test`; empty outside a test), whether it was traced in place of a stored variant of that test that
-    was passed over (``retraced``: :func:`pytest_megacache.dynamo.offers.superseded`) and what its trace did that a
-    test can see (``effects``: :func:`pytest_megacache.dynamo.effects.effects_of`)."""
+    was passed over (``retraced``: :func:`pytest_megacache.dynamo.offers.superseded`), what its trace did that a
+    test can see (``effects``: :func:`pytest_megacache.dynamo.effects.effects_of`) and the seconds its trace and
+    compile took (``seconds``: what a later run that takes it is spared; not part of the variant's identity,
+    :func:`guards_digest`)."""
     fields: dict[str, Any] = {"proofs": proofs, "context": context, **({"test": test} if test else {}),
                               **({"retraced": True} if retraced else {}), **({"effects": effects} if effects else {})}
+    if seconds is not None and math.isfinite(seconds) and seconds >= 0:
+        fields["seconds"] = round(min(seconds, MAX_SECONDS), 3)  # last: guards_digest leaves it out
     header = json.dumps(fields, separators=(",", ":")).encode()
     return _MAGIC + len(header).to_bytes(8, "big") + header + guards_state
 
 
 def guards_digest(data: bytes) -> str:
     """The digest of a variant's stored guards as :func:`pack_guards` wrote them: proofs, context and torch's guard
-    state, so one variant has one digest wherever it is named (an offer, the merge's variants to leave out)."""
-    return hashlib.sha256(bytes(data)).hexdigest()
+    state, so one variant has one digest wherever it is named (an offer, the merge's variants to leave out, two
+    packages' copies of it). The seconds its trace took are left out: the same variant traced in two runs is one."""
+    return hashlib.sha256(_identity(bytes(data))).hexdigest()
+
+
+def _identity(data: bytes) -> bytes:
+    """``data`` as :func:`pack_guards` would have written it without the seconds."""
+    start = len(_MAGIC) + 8
+    if not data.startswith(_MAGIC) or len(data) < start:
+        return data
+    size = int.from_bytes(data[len(_MAGIC):start], "big")
+    raw = data[start:start + size]
+    if b'"seconds":' not in raw:
+        return data
+    try:
+        fields = json.loads(raw)
+    except ValueError:
+        return data
+    if not isinstance(fields, dict) or "seconds" not in fields:
+        return data
+    del fields["seconds"]
+    header = json.dumps(fields, separators=(",", ":")).encode()
+    return _MAGIC + len(header).to_bytes(8, "big") + header + data[start + size:]
 
 
 def tag_of_test(nodeid: str) -> str:
@@ -146,31 +184,11 @@ def reason_of(exc: BaseException) -> str:
     return "torch_error"
 
 
-def traced_in(entry: bytes) -> list[str]:
-    """The tags of the tests the variants of a stored entry were traced in (:func:`tag_of_test`), one per variant
-    that has one, read from the entry's bytes without unpickling it: each variant's guards are :func:`pack_guards`'s
-    bytes, kept whole in torch's pickle. What cannot be read is left out."""
-    tags: list[str] = []
-    at = entry.find(_MAGIC)
-    while at >= 0 and len(tags) < 10_000:
-        start = at + len(_MAGIC) + 8
-        size = int.from_bytes(entry[at + len(_MAGIC):start], "big")
-        try:
-            header = json.loads(entry[start:start + size]) if 0 < size <= 1 << 20 else None
-        except ValueError:
-            header = None
-        test = header.get("test") if isinstance(header, dict) else None
-        if isinstance(test, str) and test:
-            tags.append(test)
-        at = entry.find(_MAGIC, at + len(_MAGIC))
-    return tags
-
-
-def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes, tuple[str, bool], Effects]:
+def unpack_guards(data: bytes) -> Stored:
     """The proofs, the compile context, torch's guard state, where the variant was traced (the tag of its test, ""
-    where none was recorded, and whether it was traced in place of a variant of that test passed over there) and what
-    its trace did that a test can see; raises :class:`Refused` for guards stored without proofs, or a malformed
-    record."""
+    where none was recorded, and whether it was traced in place of a variant of that test passed over there), what
+    its trace did that a test can see and the seconds it took (0 where none were recorded); raises :class:`Refused`
+    for guards stored without proofs, or a malformed record."""
     if not isinstance(data, (bytes, bytearray)) or not bytes(data[:len(_MAGIC)]) == _MAGIC:
         raise Refused("unsupported_guard", "guards stored without the plugin's proofs")
     start = len(_MAGIC) + 8
@@ -183,4 +201,7 @@ def unpack_guards(data: bytes) -> tuple[list[dict[str, Any]], str, bytes, tuple[
         raise Refused("unsupported_guard", "malformed proofs")
     test = header.get("test", "")
     origin = (test if isinstance(test, str) else "", header.get("retraced") is True)
-    return proofs, context, bytes(data[start + size:]), origin, read_effects(header.get("effects"))
+    seconds = header.get("seconds")
+    ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds <= MAX_SECONDS
+    return Stored(proofs, context, bytes(data[start + size:]), origin, read_effects(header.get("effects")),
+                  float(seconds) if ok else 0.0)

@@ -156,9 +156,12 @@ class TorchStats:
     compiles: int = 0
     compile_seconds: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)
-    # nodeid -> {"seconds", "compiles", "counters", "artifacts": ["type:key", ...]}
+    # nodeid -> {"seconds", "backend" (where torch keeps metrics), "compiles", "counters", "artifacts": ["type:key", ...]}
     per_test: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds_saved: float = 0.0  # cold compile seconds recorded for the restored artifacts this session used
+    # --megacache-precompile: what the stored Dynamo variants taken in this process took to trace and compile where
+    # they were traced (part of seconds_saved)
+    dynamo_spared: float = 0.0
     layers: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> restored/used/new
     workers: int = 0
     single_compile_thread: bool = False  # the plugin ran Inductor with one compile thread (the cache covered it)
@@ -179,14 +182,16 @@ class TorchStats:
     def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
         per_test = {
             nodeid: {"seconds": round(t.seconds, 4), "compiles": t.compiles, "counters": dict(t.counters),
-                     "artifacts": [f"{typ}:{key}" for typ, key in t.artifacts]}
+                     "artifacts": [f"{typ}:{key}" for typ, key in t.artifacts],
+                     **({"backend": round(t.backend, 4)} if t.backend is not None else {})}
             for nodeid, t in adapter.per_test.items()
         }
         from .. import dynamo, isaprobe
 
         return cls(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds, adapter.counters(), per_test,
                    isa_checks={k: v for k, v in isaprobe.counts().items() if v},
-                   dynamo_refusals=dynamo.refusal_reasons())
+                   dynamo_refusals=dynamo.refusal_reasons(),
+                   dynamo_spared=round(max(0.0, dynamo.spared_seconds() - adapter.spared_before), 3))
 
     def saved(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
         """Fold in what this process's Dynamo reuse counted while torch's artifacts were saved (after the counters
@@ -205,6 +210,7 @@ class TorchStats:
         self.compiled = self.compiled or bool(other.get("compiled"))
         self.compiles += int(other.get("compiles", 0))
         self.compile_seconds += float(other.get("compile_seconds", 0.0))
+        self.dynamo_spared = round(self.dynamo_spared + float(other.get("dynamo_spared", 0.0)), 3)
         for k, v in dict(other.get("counters", {})).items():
             self.counters[str(k)] = self.counters.get(str(k), 0) + int(v)
         self.per_test.update(dict(other.get("per_test", {})))

@@ -182,7 +182,7 @@ def test_describe_names_what_another_process_can_find_again() -> None:
 def test_guards_travel_with_their_proofs_and_without_them_are_refused() -> None:
     proofs = [{"path": [["global", "math"]], "is": ["module", "math"]}]
     packed = dp.pack_guards(proofs, "a context", b"torch's pickle")
-    assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle", ("", False), dynamo_effects.Effects())
+    assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle", ("", False), dynamo_effects.Effects(), 0.0)
     tag = dp.tag_of_test("tests/t.py::test_a[secret]")
     tagged = dp.pack_guards(proofs, "a context", b"torch's pickle", tag, retraced=True)
     assert dp.unpack_guards(tagged)[3] == (tag, True) and tag != dp.tag_of_test("tests/t.py::test_b")
@@ -966,14 +966,22 @@ def test_torchs_warnings_about_caching_precompiles_bookkeeping_are_kept_from_the
             logger.filters[:] = before
 
 
-def test_the_tests_an_entrys_variants_were_traced_in_are_read_from_its_bytes() -> None:
-    """A stored entry is torch's pickle with each variant's guards kept whole: the tags are read without unpickling,
-    one per variant traced in a test; a variant traced outside any test, or a header that does not parse, has none."""
-    a, b = dp.tag_of_test("t.py::test_a"), dp.tag_of_test("t.py::test_b")
-    variants = [dp.pack_guards([], "ctx", b"state-1", a), dp.pack_guards([], "ctx", b"state-2"),
-                dp.pack_guards([], "ctx", b"state-3", b, retraced=True)]
-    entry = pickle.dumps({"codes": [{"guards": v} for v in variants]})
-    assert dp.traced_in(entry) == [a, b]
-    broken = variants[0][:-len(b"state-1") - 3] + b"\xff\xfe\xfd" + b"state-1"  # its JSON header cut
-    assert dp.traced_in(pickle.dumps([broken, variants[2]])) == [b]
-    assert dp.traced_in(b"no guards here") == []
+def test_a_variant_keeps_what_its_trace_took_outside_its_identity() -> None:
+    """What a variant's trace took travels with it (what a later run taking it is spared), and is no part of the
+    variant: the same variant traced in two runs is one by digest (offers, the merge's sets), and a forged figure is
+    read as none."""
+    proofs = [{"path": [["global", "math"]], "is": ["module", "math"]}]
+    timed = dp.pack_guards(proofs, "ctx", b"state", "tag", seconds=1.23456)
+    again = dp.pack_guards(proofs, "ctx", b"state", "tag", seconds=7.5)
+    plain = dp.pack_guards(proofs, "ctx", b"state", "tag")
+    assert dp.unpack_guards(timed).seconds == 1.235 and dp.unpack_guards(again).seconds == 7.5
+    assert dp.unpack_guards(plain).seconds == 0.0
+    assert dp.guards_digest(timed) == dp.guards_digest(again) == dp.guards_digest(plain)
+    assert dp.guards_digest(dp.pack_guards(proofs, "ctx", b"other", "tag", seconds=1.0)) != dp.guards_digest(plain)
+    assert dp.unpack_guards(timed)[:5] == dp.unpack_guards(plain)[:5]
+    magic = len(b"megacache-guards-4\n")
+    for bad in (b"-1", b"1e300", b'"1"', b"true"):
+        header = plain[magic + 8:-len(b"state")].replace(b'"test":"tag"', b'"test":"tag","seconds":' + bad)
+        forged = b"megacache-guards-4\n" + len(header).to_bytes(8, "big") + header + b"state"
+        assert dp.unpack_guards(forged).seconds == 0.0 and dp.unpack_guards(forged).proofs == proofs, bad
+    assert dp.pack_guards(proofs, "ctx", b"state", seconds=float("nan")) == dp.pack_guards(proofs, "ctx", b"state")
