@@ -23,6 +23,7 @@ from .torch_adapter import MISS_COUNTERS, counter_sum
 # (not `global_changed`: such a variant is kept in the entry written, for the processes where it holds)
 REFUSED_AT_LOAD = ("load_failed", "code_changed", "collision", "missing_module")
 MAX_COLD_SECONDS = 500  # artifacts whose cold compile seconds one object's header records
+AOT_KIND = bundlemod.TORCH_PREFIX + "aot_autograd"
 MAX_COMPILE_SECONDS = 86_400.0  # what one recorded compile may claim to have cost
 
 
@@ -356,11 +357,13 @@ class Upload:
         """For the torch artifacts in ``payload``: each new one's share of the backend seconds of the test that
         produced it (what a later hit on it spares: Dynamo still traces the frame; all of the test's compile seconds
         where torch kept no metrics), and what restored objects recorded for the others (a compaction keeps them).
-        Stored Dynamo entries have none here: each variant carries what its trace took (Dynamo reuse)."""
+        Where the test stored AOTAutograd entries, they carry it all: a hit on one takes its graphs from it, and torch
+        records no hit on them. Stored Dynamo entries have none here: each variant carries what its trace took."""
         out: dict[str, float] = {}
         for record in self.owner.torch_stats.per_test.values():
             fresh = [a for a in record["artifacts"] if _ident(a) in payload and _ident(a) not in self.owner.restored
                      and _ident(a)[0] != PRECOMPILE_KIND]
+            fresh = [a for a in fresh if _ident(a)[0] == AOT_KIND] or fresh
             spared = float(record.get("backend", record["seconds"]))
             for artifact in fresh:
                 out.setdefault(artifact, round(spared / len(fresh), 4))

@@ -323,6 +323,34 @@ def test_a_hit_counts_the_backend_seconds_it_spares_where_torch_kept_them(tmp_pa
     assert warm.torch_stats.seconds_saved == 0.4
 
 
+class WithAot(FakeTorch):
+    """A test whose graph torch stored twice: its FX graph and the AOTAutograd entry that bundles it."""
+
+    def __init__(self, keys: list[str], aot: str) -> None:
+        super().__init__(keys)
+        self.aot = aot
+        self.per_test["test_all"].artifacts.append(("aot_autograd", aot))
+        self.per_test["test_all"].backend = 0.9
+
+    def save(self) -> bytes | None:
+        return torchfmt.serialize([("inductor", k, b"graph") for k in self.keys] + [("aot_autograd", self.aot, b"a")])
+
+
+def test_an_aotautograd_entry_carries_the_seconds_of_the_graphs_it_bundles(tmp_path: Path) -> None:
+    """A hit on an AOTAutograd entry takes its graphs from it, and torch records no hit on those: the test's backend
+    seconds go to its AOTAutograd entries, so a warm run that hits only them counts all of it."""
+    store = MemoryStore()
+    s = session(store, tmp_path, "cold")
+    torch = WithAot([KEY_A], "aot" + "a" * 40)
+    s.start_restore(background=False)
+    s.load_into_torch(loader=torch.load)
+    s.finish(torch)  # type: ignore[arg-type]
+    [obj] = store.list(FOLDER)
+    blob = store.get(FOLDER, obj.name, 1 << 20)
+    assert blob is not None
+    assert bundlemod.decode(blob)[0].extra["cold_seconds"] == {"aot_autograd:aot" + "a" * 40: 0.9}
+
+
 def test_full_coverage_is_expected_only_for_the_same_selection(tmp_path: Path) -> None:
     store = MemoryStore()
     run(store, tmp_path, "cold", [KEY_A], meta={"selection": "s1"})
