@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import bundle as bundlemod
-from .bundle import PRECOMPILE_KIND, Entries, Limits
+from .bundle import PRECOMPILE_KIND, Entries, Entry, Limits
 from .compaction import PART_FIELD, STALE_GROUP_SECONDS, Held, units
 from .errors import BundleError, LocalDiskError, StoreError, redact_cut
-from .files import FileRoot, torch_cache_ident
+from .files import FileRoot, inductor_cache_dir, place_dynamo, torch_cache_ident
 from .report import LoadStats, RestoreStats, TorchStats, UploadStats
 from .restore import RESTORE_GRACE, Diagnosis, Restore, Stager, nearest_fingerprint, producer_selections
 from .scratch import Scratch
@@ -210,12 +210,12 @@ class CacheSession:
         except BundleError as exc:
             self.problem(f"restored artifacts refused: {exc}")
             return
-        if container is None:
+        dynamo = self.restored.of_kind_prefix(PRECOMPILE_KIND)
+        if container is None and not dynamo:
             return
-        try:
-            result = loader(container)
-        except Exception as exc:  # noqa: BLE001 - torch's loader, whatever it raises: a cold run, not a failure
-            result = LoadResult(False, error=f"{type(exc).__name__}: {redact_cut(str(exc))}")
+        result, unplaced = hand_to_torch(loader, container, dynamo)
+        if unplaced:
+            self.problem(f"not placing {len(unplaced)} of the restored Dynamo entries: {'; '.join(unplaced[:3])}")
         self.load_stats = LoadStats(True, result.ok, result.artifacts, result.seconds, result.error,
                                     self.load_stats.waited)
         if not result.ok:
@@ -407,3 +407,27 @@ def other_process_layers(entries: Entries) -> dict[str, int]:
         layer = kind[len(bundlemod.TORCH_PREFIX):]
         out[layer] = out.get(layer, 0) + 1
     return out
+
+
+def hand_to_torch(loader: Callable[[bytes], LoadResult], container: bytes | None,
+                  dynamo: Sequence[Entry]) -> tuple[LoadResult, list[str]]:
+    """torch's loader on ``container``, then Dynamo's stored entries into torch's Dynamo cache as files
+    (:func:`.files.place_dynamo`), counted with what torch loaded; also what could not be placed, and why (a full
+    disk: one reason for all of them)."""
+    result, refused = LoadResult(True), list[str]()
+    if container is not None:
+        try:
+            result = loader(container)
+        except Exception as exc:  # noqa: BLE001 - torch's loader, whatever it raises: a cold run, not a failure
+            result = LoadResult(False, error=f"{type(exc).__name__}: {redact_cut(str(exc))}")
+    if not result.ok or not dynamo:
+        return result, refused
+    started = time.perf_counter()
+    try:
+        placed = place_dynamo(dynamo, inductor_cache_dir(), refused)
+    except OSError as exc:
+        return result, [f"{exc.strerror or exc}"]
+    result.seconds += time.perf_counter() - started
+    if placed:
+        result.artifacts["precompile"] = result.artifacts.get("precompile", 0) + placed
+    return result, refused

@@ -28,6 +28,7 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
+from . import torchfmt
 from .bundle import FILE_PREFIX, Entries, Entry, validate_file_path
 from .errors import BundleError, LocalDiskError, note_free
 from .fsutil import copy_regular, read_regular, stray, temp_owner, write_atomic
@@ -451,6 +452,50 @@ class FileRoot:
         if written and move:
             unlink(entry.moved(str(target)))
         return written
+
+
+def place_dynamo(entries: Iterable[Entry], inductor: Path, refused: list[str]) -> int:
+    """Dynamo's stored entries where torch's Dynamo cache reads them (``dynamo/<key>/entry`` in Inductor's cache
+    directory ``inductor``), replacing what is there as torch's own load of them does; how many were placed. Each is
+    a second name of its scratch file where it has one (nothing copied or held in memory; the entry keeps reading its
+    own name, which torch's later rewrite of the file, a new file under the name, leaves as it was), else written a
+    chunk at a time. One that cannot be placed is named in ``refused`` (torch traces its frames); a full disk
+    raises."""
+    placed = 0
+    root = inductor / "dynamo"
+    for entry in entries:
+        try:
+            torchfmt.validate_key("precompile", entry.name)
+            folder = root / entry.name
+            folder.mkdir(parents=True, exist_ok=True)
+            if not folder.resolve().is_relative_to(root.resolve()):
+                raise BundleError(f"resolves outside {root}")
+            _link_or_write(entry, str(folder / "entry"))
+            placed += 1
+        except BundleError as exc:
+            refused.append(f"{entry.name[:16]}: {exc}")
+        except OSError as exc:
+            if exc.errno in _DISK_FULL:
+                raise
+            refused.append(f"{entry.name[:16]}: {exc.strerror or exc}")
+    return placed
+
+
+def _link_or_write(entry: Entry, target: str) -> None:
+    if entry.path is not None:
+        tmp = os.path.join(os.path.dirname(target), f".entry.{os.getpid()}-{os.urandom(6).hex()}.tmp")
+        try:
+            os.link(entry.path, tmp)
+        except OSError as exc:
+            if exc.errno in _DISK_FULL:
+                raise
+        else:
+            try:
+                os.replace(tmp, target)
+            finally:
+                unlink(tmp)
+            return
+    write_atomic(target, entry.chunks(), mode=0o644)
 
 
 def _link_into_place(entry: Entry, target: str) -> bool | None:

@@ -25,6 +25,7 @@ from pytest_megacache.files import (
     inductor_cache_dir,
     pch_dir,
     pch_enabled,
+    place_dynamo,
     torch_cache_ident,
 )
 
@@ -297,6 +298,29 @@ def test_a_restore_copies_what_it_cannot_link_into_place_and_lets_the_scratch_co
     # Without ``move`` (what an xdist worker hands over, a collect), nothing moves.
     kept = scratch_entry(scratch, "ab/j.so", elf(b"j"))
     assert root.restore([kept]) == (1, 0) and Path(str(kept.path)).parent == scratch
+
+def test_dynamo_entries_are_placed_as_torch_reads_them_without_a_copy(tmp_path: Path) -> None:
+    """A stored Dynamo entry becomes ``dynamo/<key>/entry`` in Inductor's cache directory, replacing what is there as
+    torch's own load does: a second name of its scratch file where it has one (the entry keeps reading that name, so
+    torch's later rewrite of the file changes nothing of it), else written; an unsafe key is refused alone."""
+    inductor, scratch = tmp_path / "inductor", tmp_path / "scratch"
+    linked = scratch_entry(scratch, "k1", b"stored entry one")
+    linked = Entry.in_file("torch/precompile", "k1", str(linked.path), linked.size, digest=hashlib.sha256(
+        b"stored entry one").digest())
+    in_memory = Entry("torch/precompile", "k2", b"stored entry two")
+    write(inductor / "dynamo" / "k2" / "entry", b"an earlier run's")
+    refused: list[str] = []
+    assert place_dynamo([linked, in_memory, Entry("torch/precompile", "../up", b"x")], inductor, refused) == 2
+    assert len(refused) == 1 and "up" in refused[0]
+    first, second = inductor / "dynamo" / "k1" / "entry", inductor / "dynamo" / "k2" / "entry"
+    assert first.read_bytes() == b"stored entry one" and second.read_bytes() == b"stored entry two"
+    assert os.path.samefile(first, str(linked.path)) and linked.path is not None and Path(linked.path).parent == scratch
+    assert sorted(p.name for p in (inductor / "dynamo").iterdir()) == ["k1", "k2"]
+    assert not [p for p in (inductor / "dynamo").rglob(".*")]  # no temporary name left
+    first.unlink()
+    first.write_bytes(b"torch wrote it again")  # a new file under the name
+    assert linked.data == b"stored entry one"
+
 
 # --- inductor_cache_dir ------------------------------------------------------------------------------
 

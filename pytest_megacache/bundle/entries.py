@@ -247,8 +247,11 @@ class Entries:
         return sum(e.size for e in self)
 
     def torch_container(self) -> bytes | None:
-        """The torch entries as one torch container (one section per type), or None if there are none."""
-        torch_entries = [(e.kind[len(TORCH_PREFIX) :], e.name, e.data) for e in self.of_kind_prefix(TORCH_PREFIX)]
+        """The torch entries as one torch container (one section per type), or None if there are none. Dynamo's
+        stored entries are left out: they are files of torch's Dynamo cache as they are (:func:`.files.place_dynamo`),
+        which a container would have held in memory three times over while torch loaded it."""
+        torch_entries = [(e.kind[len(TORCH_PREFIX) :], e.name, e.data) for e in self.of_kind_prefix(TORCH_PREFIX)
+                         if e.kind != PRECOMPILE_KIND]
         return torchfmt.serialize(torch_entries) if torch_entries else None
 
 

@@ -467,6 +467,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # again from the file at each trace (5 of the 8 seconds that caching precompile added to a cold run of 240
     # tests): what it records of one code object is kept for the process.
     repairs.inlined_sources_once(package)
+    repairs.inlined_sources_shared(cache)  # and a stored entry's texts of modules, held once per process
     # With caching precompile torch bundles every AOTAutograd entry with its compiled code, and asserts when a
     # graph's code is not Inductor's output (seen on an H100 training step: "expected OutputCode, got method"), which
     # fails the test. Such a graph gets no entry (as without the option, where it has no FX-graph key to store);

@@ -191,6 +191,8 @@ def test_torch_container_holds_only_torch_entries() -> None:
 
 def test_torch_container_is_none_without_torch_entries() -> None:
     assert Entries([Entry("file/inductor", "a.so", b"x")]).torch_container() is None
+    # Dynamo's stored entries are placed as files, never handed to torch's loader in memory
+    assert Entries([Entry("torch/precompile", "key", b"x")]).torch_container() is None
     assert Entries().torch_container() is None
 
 

@@ -644,6 +644,36 @@ def test_what_torch_records_of_an_inlined_function_is_read_once_per_code_object(
     assert reads[-2:] == [mismatched.__code__] * 2
 
 
+def test_the_module_texts_of_stored_entries_are_held_once() -> None:
+    """Each stored entry torch reads unpickles its own copy of every inlined module's text: equal texts read by later
+    entries are the copy read first; what differs (another module, another version of one) stays as read."""
+
+    @dataclasses.dataclass(frozen=True)
+    class InlinedSource:  # torch's
+        module: str
+        firstlineno: int
+        content: str
+
+    def entry(*sources: InlinedSource) -> Any:
+        return types.SimpleNamespace(dynamo=types.SimpleNamespace(source_info=types.SimpleNamespace(
+            inlined_sources=set(sources))))
+
+    text = "def f():\n    return 1\n" * 1000
+    entries = {"a": entry(InlinedSource("lib", 1, "".join(list(text))), InlinedSource("other", 1, "x = 1\n")),
+               "b": entry(InlinedSource("lib", 7, "".join(list(text))), InlinedSource("lib2", 1, "".join(list(text)))),
+               "c": entry(InlinedSource("lib", 1, text + "# changed\n"))}
+    cache = types.SimpleNamespace(read=lambda path: entries[path])
+    dynamo_repairs.inlined_sources_shared(cache)
+    a, b, c = ({(s.module, s.firstlineno): s.content for s in cache.read(k).dynamo.source_info.inlined_sources}
+               for k in "abc")
+    assert a[("lib", 1)] is b[("lib", 7)] and a[("lib", 1)] == text
+    assert b[("lib2", 1)] == text and b[("lib2", 1)] is not a[("lib", 1)]  # another module: kept apart
+    assert c[("lib", 1)] == text + "# changed\n" and a[("other", 1)] == "x = 1\n"
+    odd = types.SimpleNamespace(dynamo=types.SimpleNamespace(source_info=types.SimpleNamespace(inlined_sources=[1])))
+    entries["d"] = odd
+    assert cache.read("d") is odd and odd.dynamo.source_info.inlined_sources == [1]  # another layout: as read
+
+
 def test_a_source_pickled_with_its_derived_fields_is_built_again_from_them() -> None:
     import pickle
 
