@@ -70,8 +70,8 @@ from .proofs import (
     unpack_guards,
 )
 
-__all__ = ["COUNTERS", "before_first_load", "install", "offered_seconds", "refusal_reasons", "set_test",
-           "spared_seconds", "used_entries"]
+__all__ = ["CHECKED_RELEASES", "COUNTERS", "before_first_load", "install", "offered_seconds", "refusal_reasons",
+           "release_checked", "set_test", "spared_seconds", "used_entries"]
 
 # Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
 # chain of code edits against eager, the version suite's reuse tier): 2.11 on an H100 host and on CPU, 2.12 to 2.15
@@ -501,7 +501,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             stored = state.loaded_as.get(os.path.basename(path))
             if stored is not None and entry_signature(entry.dynamo) == stored:
                 return  # the store holds it as it is: written again, its new bytes would be stored again each run
-            write(entry, path)
+            write(repairs.module_texts_left_out(entry), path)
         except Exception as exc:  # noqa: BLE001
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
 

@@ -98,7 +98,13 @@ def _merged(entries: list[Any]) -> Any:
         for code in entry.codes:
             key = stored_code(code)
             codes[key] = _merged_code(codes[key], code) if key in codes else code
-    return dataclasses.replace(first, codes=list(codes.values()))
+    merged = dataclasses.replace(first, codes=list(codes.values()))
+    # every package's record of the functions its traces inlined (torch checks their lines where it loads the entry)
+    infos = [getattr(entry, "source_info", None) for entry in entries]
+    if all(isinstance(getattr(info, "inlined_sources", None), set) for info in infos):
+        sources = set().union(*(info.inlined_sources for info in infos))
+        merged = dataclasses.replace(merged, source_info=dataclasses.replace(first.source_info, inlined_sources=sources))
+    return merged
 
 
 def _without(entry: Any, stale: set[str]) -> Any:
@@ -154,7 +160,8 @@ def _merged_code(ours: Any, theirs: Any) -> Any:
 
 def entry_signature(entry: Any) -> Any:
     """What a dynamo cache entry holds, as a value: equal for two entries with the same codes, each with the same
-    variants (a variant is its guards), names, imports and backends, and the same recorded sources and system,
+    variants (a variant is its guards), names, imports and backends, and the same recorded sources (each function's
+    module, lines and their checksum: the module's whole text is not written, repairs.module_texts_left_out) and system,
     however torch pickled them (pickling the same objects again does not give the same bytes). Take it before torch
     uses the entry: a package records the variants its process traces in the code entries it was given. None where
     the entry cannot be read so (never equal to anything)."""
@@ -171,7 +178,9 @@ def _signature(entry: Any) -> Any:
          frozenset(code.import_sources.items()), frozenset(code.backend_ids), code.code_source, code.install_to_global,
          getattr(code, "has_compile_id", None), getattr(code, "bypassed", None))
         for code in entry.codes)
-    return (len(entry.codes), codes, frozenset(entry.source_info.inlined_sources), entry.device_type,
+    sources = frozenset((getattr(s, "module", None), getattr(s, "firstlineno", None), getattr(s, "lastlineno", None),
+                         getattr(s, "checksum", s)) for s in entry.source_info.inlined_sources)  # not the module texts
+    return (len(entry.codes), codes, sources, entry.device_type,
             entry.system_info, getattr(entry, "fn_name", None), getattr(entry, "fn_first_lineno", None))
 
 

@@ -674,6 +674,44 @@ def test_the_module_texts_of_stored_entries_are_held_once() -> None:
     assert cache.read("d") is odd and odd.dynamo.source_info.inlined_sources == [1]  # another layout: as read
 
 
+def test_an_entry_is_written_without_the_module_texts_torch_never_reads() -> None:
+    """What is written keeps each inlined function's module, lines and checksum (what torch checks where it loads the
+    entry) and leaves the module's whole text out; torch's own objects are left as they are."""
+    @dataclasses.dataclass(frozen=True)
+    class InlinedSource:  # torch's, and its SourceInfo, PrecompileCacheEntry and _DynamoCacheEntry below
+        module: str
+        firstlineno: int
+        lastlineno: int
+        checksum: str
+        content: str
+
+    @dataclasses.dataclass
+    class SourceInfo:
+        inlined_sources: set[Any]
+
+    text = "def f():\n    return 1\n"
+    sources = {InlinedSource("lib", 1, 2, "sum-a", text), InlinedSource("lib", 5, 9, "sum-b", text)}
+
+    @dataclasses.dataclass
+    class Entry:
+        dynamo: Any
+        backends: dict[str, Any]
+
+    @dataclasses.dataclass
+    class Dynamo:
+        source_info: Any
+        codes: list[Any]
+
+    dynamo = Dynamo(SourceInfo(set(sources)), [])
+    entry = Entry(dynamo, {"b": 1})
+    written = dynamo_repairs.module_texts_left_out(entry)
+    assert {(s.module, s.firstlineno, s.lastlineno, s.checksum, s.content)
+            for s in written.dynamo.source_info.inlined_sources} == {("lib", 1, 2, "sum-a", ""), ("lib", 5, 9, "sum-b", "")}
+    assert written.backends == {"b": 1} and entry.dynamo.source_info.inlined_sources == sources  # torch's: untouched
+    odd = types.SimpleNamespace(dynamo=types.SimpleNamespace(source_info=types.SimpleNamespace(inlined_sources=[1])))
+    assert dynamo_repairs.module_texts_left_out(odd) is odd  # another layout: as torch made it
+
+
 def test_a_source_pickled_with_its_derived_fields_is_built_again_from_them() -> None:
     import pickle
 
