@@ -100,9 +100,9 @@ def _merged(entries: list[Any]) -> Any:
             codes[key] = _merged_code(codes[key], code) if key in codes else code
     merged = dataclasses.replace(first, codes=list(codes.values()))
     # every package's record of the functions its traces inlined (torch checks their lines where it loads the entry)
-    infos = [getattr(entry, "source_info", None) for entry in entries]
-    if all(isinstance(getattr(info, "inlined_sources", None), set) for info in infos):
-        sources = set().union(*(info.inlined_sources for info in infos))
+    sets = [getattr(getattr(entry, "source_info", None), "inlined_sources", None) for entry in entries]
+    if all(isinstance(known, set) for known in sets):
+        sources: set[Any] = set().union(*(known for known in sets if known is not None))
         merged = dataclasses.replace(merged, source_info=dataclasses.replace(first.source_info, inlined_sources=sources))
     return merged
 
