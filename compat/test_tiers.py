@@ -171,6 +171,14 @@ def test_dynamo_reuse_is_used_where_checked_and_refused_with_one_warning_elsewhe
         assert session.report is not None, session.describe()
     torch = version("torch") or "?"
     c = {k: int(v) for k, v in warm.report["torch"]["counters"].items()}  # type: ignore[index]
+    # not asked for: off, without a warning; the report says why (and, asked for, whether it is on)
+    default = matrix.warm()
+    assert default.report is not None, default.describe()
+    grounds = default.report["settings"]["dynamo_reuse"]  # type: ignore[index]
+    assert grounds["on"] is False and grounds["why"].startswith("off by default"), grounds
+    assert not any("precompile" in p for p in default.problems), default.problems
+    asked = warm.report["settings"]["dynamo_reuse"]  # type: ignore[index]
+    assert asked["on"] is dynamo_reuse.release_checked(torch), asked
     if not dynamo_reuse.release_checked(torch):
         assert any("--megacache-precompile ignored" in p for p in warm.problems), warm.problems
         assert c.get("dynamo_reused", 0) == 0, c

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from . import dynamo, isaprobe
-from .context import Context
+from .context import Context, Reuse
 from .report import TritonWatch, triton_figures
 from .roles import Role
 from .torch_adapter import PostImportHook, TorchAdapter
@@ -32,6 +32,7 @@ class Compiling(Role):
         self.adapter = TorchAdapter(self._on_first_compile)
         self._torch_hook: PostImportHook | None = None
         self._isa_hook: PostImportHook | None = None
+        self._dynamo_hook: PostImportHook | None = None
         self._start_lock = threading.Lock()
         self.triton = TritonWatch()  # Triton's kernels loaded from its cache vs compiled, once Triton is imported
         self.triton.install()
@@ -59,10 +60,22 @@ class Compiling(Role):
             with self.contained("arming the vector-ISA check's reuse"):
                 self._isa_hook = isaprobe.arm(self._isa_not_armed)
         self.strict_wait()
-        if self.settings.precompile:
-            # torch looks a precompile entry up when torch.compile() wraps a function (at import, for a decorator),
-            # before any compile starts: with --megacache-precompile the restore is loaded where it first does so
-            # (it runs beside collection until then, as without the option), or here where reuse is not installed.
+        if self.ctx.reuse.on:
+            # Dynamo reuse is installed where torch._dynamo is imported (a session that never compiles pays nothing)
+            if "torch._dynamo" in sys.modules:
+                self._reuse_dynamo()
+            else:
+                self._dynamo_hook = PostImportHook("torch._dynamo", lambda _module: self._reuse_dynamo())
+                sys.meta_path.insert(0, self._dynamo_hook)
+
+    def _reuse_dynamo(self) -> None:
+        with self.contained("turning Dynamo reuse on"):
+            if why_not := TorchAdapter.enable_precompile(str(self.config.rootpath)):
+                self.ctx.reuse = Reuse(False, why_not, self.ctx.reuse.asked)
+                (self.problems if self.ctx.reuse.asked else self.notes).append(f"Dynamo reuse is off: {why_not}")
+                return
+            # torch looks a stored entry up when torch.compile() wraps a function (at import, for a decorator), before
+            # any compile starts: the restore is loaded where it first does so (it runs beside collection until then)
             self.start_cache()
             if not dynamo.before_first_load(self._on_first_compile):
                 self._on_first_compile()
@@ -123,8 +136,9 @@ class Compiling(Role):
             self.adapter.ensure_registered()
 
     def close(self) -> None:
-        if self._torch_hook is not None:
-            self._torch_hook.remove()
+        for hook in (self._torch_hook, self._dynamo_hook):
+            if hook is not None:
+                hook.remove()
         if self.restore_signal is not None:
             # The tests are over: a child still to come starts no restore and waits for none.
             self.restore_signal.set()

@@ -32,6 +32,7 @@ class Context:
     inactive: bool = False  # the reason is a problem (a store was configured), not a choice
     notes: list[str] = field(default_factory=list)  # said once in the summary, not warnings
     problems: list[str] = field(default_factory=list)  # found at configure time (each warned at once)
+    reuse: Reuse = field(default_factory=lambda: Reuse(False, "the plugin is off"))  # Dynamo reuse, and why
 
     @property
     def active(self) -> bool:
@@ -94,16 +95,42 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
     ctx.scope = settings.scope or scope or ctx.default_scope
     if not ctx.signing_keys and settings.reads:
         ctx.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
-    # The opt-ins that set a torch config flag (each imports torch, so only when asked for).
-    def enable_precompile() -> str | None:
-        return TorchAdapter.enable_precompile(root)
-
-    for wanted, option, switch_on in ((settings.precompile, "--megacache-precompile", enable_precompile),
-                                      (settings.eager_backward, "--megacache-eager-backward",
-                                       TorchAdapter.enable_eager_backward)):
-        if wanted and (why_not := switch_on()):
-            ctx.problems.append(f"{option} ignored: {why_not}")
+    ctx.reuse = decide_reuse(settings, str(ctx.fingerprint.parts.get("torch", "")))
+    if "precompile" in settings.explicit and settings.precompile and not ctx.reuse.on:
+        ctx.problems.append(f"--megacache-precompile ignored: {ctx.reuse.why}")
+    # The opt-in that sets a torch config flag (it imports torch, so only when asked for).
+    if settings.eager_backward and (why_not := TorchAdapter.enable_eager_backward()):
+        ctx.problems.append(f"--megacache-eager-backward ignored: {why_not}")
     return ctx
+
+
+@dataclass
+class Reuse:
+    """Whether this session reuses Dynamo's traced work (the compiling role installs it where ``torch._dynamo`` is
+    imported), and on which grounds: said in the report."""
+
+    on: bool
+    why: str
+    asked: bool = False  # the user asked for it (so a failure to install it is a problem, not a note)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"on": self.on, "why": self.why}
+
+
+def decide_reuse(settings: Settings, torch: str) -> Reuse:
+    """Dynamo reuse is on where asked for (or on by default) and its checks were written for the torch installed
+    (``torch``: its version, read without importing it), off where not asked for, turned off or elsewhere."""
+    from .dynamo import CHECKED_RELEASES, release_checked
+
+    asked = "precompile" in settings.explicit
+    if not settings.precompile:
+        return Reuse(False, "turned off (--megacache-no-precompile, MEGACACHE_PRECOMPILE or megacache_precompile)"
+                     if asked else "off by default (--megacache-precompile turns it on)")
+    if not release_checked(torch):
+        return Reuse(False, f"checked on torch {', '.join(CHECKED_RELEASES)} only, and this torch is "
+                            f"{torch.split('+')[0] or 'unknown'}", asked)
+    return Reuse(True, "asked for (--megacache-precompile, MEGACACHE_PRECOMPILE or megacache_precompile)" if asked
+                 else f"on by default on torch {torch.split('+')[0]}", asked)
 
 
 def _inactive(ctx: Context, reason: str) -> Context:

@@ -39,7 +39,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("megacache", "torch.compile cache (pytest-megacache)")
     for opt in OPTIONS:
         dest = f"megacache_{opt.name}"
-        if opt.kind == "bool" and not opt.default:
+        if opt.kind == "bool" and opt.negation:
+            group.addoption(opt.flag, action="store_const", const=True, dest=dest, default=None,
+                            help=f"{opt.help} [{opt.env}]")
+            group.addoption(opt.negation, action="store_const", const=False, dest=dest, default=None,
+                            help=f"The opposite of {opt.flag}.")
+        elif opt.kind == "bool" and not opt.default:
             group.addoption(opt.flag, action="store_true", dest=dest, default=None, help=f"{opt.help} [{opt.env}]")
         else:
             group.addoption(opt.flag, action="store", dest=dest, default=None, metavar=opt.name.upper(),

@@ -191,7 +191,7 @@ class Role:
         ctx, cs = self.ctx, self.session
         settings = self.settings.reportable()  # no signing keys
         settings.update(store=self.settings.store_label(), explicit=sorted(self.settings.explicit),
-                        signing=bool(ctx.signing_keys))
+                        signing=bool(ctx.signing_keys), dynamo_reuse=ctx.reuse.as_dict())
         if settings["endpoint_url"]:
             settings["endpoint_url"] = redact(settings["endpoint_url"])
         fp = ctx.fingerprint

@@ -115,6 +115,7 @@ class Option:
     ini: str
     kind: str  # "str", "bool", "mode", "choice", "float", "int" (> 0), "count" (>= 0)
     doc: str  # the help text; "{default}" in it stands for the default
+    negation: str = ""  # a bool's flag that sets it to no (--megacache-no-...), where ``flag`` alone sets it to yes
 
     @property
     def default(self) -> Any:
@@ -178,7 +179,9 @@ OPTIONS: tuple[Option, ...] = (
            "checks: entries keyed by the code itself, every live guard kept, identity guards proven where a stored "
            "variant is taken, variants taken only under the backend, mode and settings they were compiled under, "
            "each frame failing open). Ignored, with a warning, on a torch release it was not checked on "
-           "(docs/what-is-cached.md). Off by default."),
+           "(docs/what-is-cached.md); --megacache-no-precompile turns off what an ini file or the environment "
+           "turned on. Off by default.",
+           negation="--megacache-no-precompile"),
     Option("eager_backward", "--megacache-eager-backward", "MEGACACHE_EAGER_BACKWARD", "megacache_eager_backward",
            "bool", "Opt-in: compile each AOTAutograd backward together with its forward (torch's functorch "
                    "force_non_lazy_backward_lowering), so that a graph whose inputs require grad is stored even when "

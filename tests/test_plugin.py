@@ -59,14 +59,18 @@ def test_bad_values_are_usage_errors_naming_their_source(
 
 
 def test_cli_beats_env_beats_ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytester.makeini("[pytest]\nmegacache_dir = from-ini\nmegacache_prefix = ini-prefix\nmegacache_mode = read\n")
+    pytester.makeini("[pytest]\nmegacache_dir = from-ini\nmegacache_prefix = ini-prefix\nmegacache_mode = read\n"
+                     "megacache_precompile = yes\n")
     monkeypatch.setenv("MEGACACHE_PREFIX", "env-prefix")
     monkeypatch.setenv("MEGACACHE_MODE", "write")
     pytester.makepyfile(PLAIN_TEST)
     report = pytester.path / "r.json"
-    result = pytester.runpytest_subprocess("--megacache-mode", "readwrite", "--megacache-report", str(report))
+    result = pytester.runpytest_subprocess("--megacache-mode", "readwrite", "--megacache-report", str(report),
+                                           "--megacache-no-precompile")
     assert result.ret == 0
     settings = json.loads(report.read_text())["settings"]
+    assert settings["precompile"] is False and settings["dynamo_reuse"]["on"] is False  # the negation, over the ini
+    assert settings["dynamo_reuse"]["why"].startswith("turned off")
     assert settings["mode"] == "readwrite"  # CLI
     assert settings["prefix"] == "env-prefix"  # env over ini
     assert settings["directory"] == "from-ini"  # ini over default
@@ -241,6 +245,7 @@ def test_a_session_that_never_imports_torch_restores_nothing(pytester: pytest.Py
     store = pytester.path / "store"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MODS_OUT", str(mods))
+        mp.setenv("MEGACACHE_PRECOMPILE", "1")  # Dynamo reuse is installed where torch._dynamo is imported, not before
         result = pytester.runpytest_subprocess("--megacache-dir", str(store), "--megacache-report", str(report))
     assert result.ret == 0
     result.stdout.fnmatch_lines(["idle: the session never imported torch*"])
@@ -249,6 +254,7 @@ def test_a_session_that_never_imports_torch_restores_nothing(pytester: pytest.Py
     doc = json.loads(report.read_text())
     assert doc["idle"] is True and "restore" not in doc
     assert not store.exists()
+    assert doc["settings"]["dynamo_reuse"]["on"] is True and doc["settings"]["dynamo_reuse"]["why"].startswith("asked")
 
 
 @starts_torch

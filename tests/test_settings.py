@@ -297,3 +297,24 @@ def test_the_default_scope_setting_comes_from_every_source() -> None:
     assert settings(ini={"megacache_default_scope": "trunk"}).default_scope == "trunk"
     with pytest.raises(SettingsError, match="scope"):
         settings(env={"MEGACACHE_DEFAULT_SCOPE": "release/2.x"})
+
+
+def test_dynamo_reuse_is_on_where_asked_for_and_checked_and_says_why() -> None:
+    """Decided from torch's version as installed (torch is not imported): on where asked for on a checked release,
+    off by default, off elsewhere (asked for there, the plugin warns: context.activate), and off where turned off
+    again (an ini file turned it on, the command line off)."""
+    from pytest_megacache.context import decide_reuse
+
+    default = resolve(cli=lambda name: None, env={}, ini=lambda name: None)
+    asked = resolve(cli=lambda name: True if name == "precompile" else None, env={}, ini=lambda name: None)
+    again_off = resolve(cli=lambda name: False if name == "precompile" else None, env={},
+                        ini=lambda name: "yes" if name == "megacache_precompile" else None)
+    assert not default.precompile and not again_off.precompile
+    off = decide_reuse(default, "2.13.0+cpu")
+    assert not off.on and off.why.startswith("off by default") and not off.asked
+    on = decide_reuse(asked, "2.15.1")
+    assert on.on and on.asked and on.why.startswith("asked for")
+    old = decide_reuse(asked, "2.10.0+cu128")
+    assert not old.on and old.asked and "this torch is 2.10.0" in old.why
+    assert decide_reuse(again_off, "2.13.0").why.startswith("turned off")
+    assert not decide_reuse(asked, "").on  # no torch found: off

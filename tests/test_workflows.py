@@ -241,7 +241,7 @@ def mode_override_problems(wf: dict[str, Any]) -> list[str]:
 
 def unknown_plugin_names(text: str) -> set[str]:
     """--megacache-* flags and MEGACACHE_* environment variables in text that the plugin does not have."""
-    flags = {o.flag for o in OPTIONS} | PENDING_FLAGS
+    flags = {o.flag for o in OPTIONS} | {o.negation for o in OPTIONS if o.negation} | PENDING_FLAGS
     env = {o.env for o in OPTIONS} | PENDING_ENV
     return (set(FLAG_RE.findall(text)) - flags) | (set(ENV_RE.findall(text)) - env)
 
@@ -639,7 +639,8 @@ def test_the_settings_reference_describes_every_option() -> None:
     text = (ROOT / "docs" / "settings.md").read_text()
     rows = {line for line in text.splitlines() if line.startswith("| `--megacache-")}
     missing = [opt.flag for opt in OPTIONS
-               if not any(f"`{opt.flag}` | `{opt.env}` | `{opt.ini}` |" in row for row in rows)]
+               if not any(f"`{opt.flag}`{f', `{opt.negation}`' if opt.negation else ''} | `{opt.env}` | `{opt.ini}` |"
+                          in row for row in rows)]
     assert not missing, f"docs/settings.md has no row (flag | variable | ini key) for {missing}"
     assert "`MEGACACHE_SIGNING_KEY`" in text
 
