@@ -309,16 +309,9 @@ def test_a_hit_counts_the_backend_seconds_it_spares_where_torch_kept_them(tmp_pa
     """A hit on a cached graph spares its backend's seconds (AOTAutograd, Inductor), not Dynamo's, which trace the
     frame again: where torch's metrics split a test's compile seconds, its artifacts share the backend's part."""
     store = MemoryStore()
-    s = session(store, tmp_path, "cold")
     torch = FakeTorch([KEY_A, KEY_B])
     torch.per_test["test_all"].backend = 0.4  # of its 1.0 s
-    s.start_restore(background=False)
-    s.load_into_torch(loader=torch.load)
-    s.finish(torch)  # type: ignore[arg-type]
-    [obj] = store.list(FOLDER)
-    blob = store.get(FOLDER, obj.name, 1 << 20)
-    assert blob is not None
-    assert bundlemod.decode(blob)[0].extra["cold_seconds"] == {f"inductor:{KEY_A}": 0.2, f"inductor:{KEY_B}": 0.2}
+    assert cold_table(store, tmp_path, torch) == {f"inductor:{KEY_A}": 0.2, f"inductor:{KEY_B}": 0.2}
     warm, _ = run(store, tmp_path, "warm", [KEY_A, KEY_B])
     assert warm.torch_stats.seconds_saved == 0.4
 
@@ -338,17 +331,20 @@ class WithAot(FakeTorch):
 
 def test_an_aotautograd_entry_carries_the_seconds_of_the_graphs_it_bundles(tmp_path: Path) -> None:
     """A hit on an AOTAutograd entry takes its graphs from it, and torch records no hit on those: the test's backend
-    seconds go to its AOTAutograd entries, so a warm run that hits only them counts all of it."""
-    store = MemoryStore()
+    seconds go to its AOTAutograd entries (a warm hit on one, all torch records, counts all of it)."""
+    assert cold_table(MemoryStore(), tmp_path, WithAot([KEY_A], "aot" + "a" * 40)) == {"aot_autograd:aot" + "a" * 40: 0.9}
+
+
+def cold_table(store: MemoryStore, tmp_path: Path, torch: FakeTorch) -> Any:
+    """The cold seconds a session that compiled as ``torch`` says stored, recorded in its object's header."""
     s = session(store, tmp_path, "cold")
-    torch = WithAot([KEY_A], "aot" + "a" * 40)
     s.start_restore(background=False)
     s.load_into_torch(loader=torch.load)
     s.finish(torch)  # type: ignore[arg-type]
     [obj] = store.list(FOLDER)
     blob = store.get(FOLDER, obj.name, 1 << 20)
     assert blob is not None
-    assert bundlemod.decode(blob)[0].extra["cold_seconds"] == {"aot_autograd:aot" + "a" * 40: 0.9}
+    return bundlemod.decode(blob)[0].extra["cold_seconds"]
 
 
 def test_full_coverage_is_expected_only_for_the_same_selection(tmp_path: Path) -> None:
