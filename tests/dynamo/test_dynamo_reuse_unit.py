@@ -1047,6 +1047,10 @@ def test_a_variant_keeps_what_its_trace_took_outside_its_identity() -> None:
     assert dp.guards_digest(timed) == dp.guards_digest(again) == dp.guards_digest(plain)
     assert dp.guards_digest(dp.pack_guards(proofs, "ctx", b"other", "tag", seconds=1.0)) != dp.guards_digest(plain)
     assert dp.unpack_guards(timed)[:5] == dp.unpack_guards(plain)[:5]
+    # a key of that name inside the record (a counter, say) is part of the variant; the figure after it is not
+    counted = {"counters": {"stats": {"seconds": 2}}}
+    assert dp.guards_digest(dp.pack_guards(proofs, "ctx", b"state", "tag", effects=counted, seconds=3.0)) == (
+        dp.guards_digest(dp.pack_guards(proofs, "ctx", b"state", "tag", effects=counted))) != dp.guards_digest(plain)
     magic = len(b"megacache-guards-4\n")
     for bad in (b"-1", b"1e300", b'"1"', b"true"):
         header = plain[magic + 8:-len(b"state")].replace(b'"test":"tag"', b'"test":"tag","seconds":' + bad)
