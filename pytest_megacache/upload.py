@@ -368,7 +368,7 @@ class Upload:
             for artifact in fresh:
                 out.setdefault(artifact, round(spared / len(fresh), 4))
         for (kind, key), seconds in self.restored_cold_seconds().items():
-            if (kind, key) in payload and kind != PRECOMPILE_KIND:
+            if (kind, key) in payload:
                 out.setdefault(f"{kind[len(bundlemod.TORCH_PREFIX):]}:{key}", seconds)
         return dict(list(out.items())[:MAX_COLD_SECONDS])
 
@@ -390,14 +390,16 @@ class Upload:
 
 
 def restored_cold_seconds(headers: Sequence[bundlemod.Header]) -> dict[tuple[str, str], float]:
-    """What the objects of ``headers`` recorded of each artifact's cold compile seconds (each checked: a finite range)."""
+    """What the objects of ``headers`` recorded of each artifact's cold compile seconds (each checked: a finite range).
+    Not a Dynamo entry's, which objects written before its variants carried their own held (they were shares of
+    the tests' seconds that its graphs' entries also held)."""
     out: dict[tuple[str, str], float] = {}
     for header in headers:
         table = header.extra.get("cold_seconds")
         if isinstance(table, dict):
             for artifact, value in table.items():
                 seconds = bundlemod.number(value, 0.0, MAX_COMPILE_SECONDS)  # unverified input: a finite range
-                if isinstance(artifact, str) and seconds is not None:
-                    out.setdefault(_ident(artifact), seconds)
+                if isinstance(artifact, str) and seconds is not None and (ident := _ident(artifact))[0] != PRECOMPILE_KIND:
+                    out.setdefault(ident, seconds)
     return out
 

@@ -335,6 +335,17 @@ def test_an_aotautograd_entry_carries_the_seconds_of_the_graphs_it_bundles(tmp_p
     assert cold_table(MemoryStore(), tmp_path, WithAot([KEY_A], "aot" + "a" * 40)) == {"aot_autograd:aot" + "a" * 40: 0.9}
 
 
+def test_a_dynamo_entrys_share_in_an_older_objects_table_is_not_counted() -> None:
+    """Objects written before Dynamo variants carried their own seconds gave each Dynamo entry a share of its tests'
+    seconds, which the graphs' entries held too: read back, only the graphs' count."""
+    import types
+
+    from pytest_megacache.upload import restored_cold_seconds
+
+    older = types.SimpleNamespace(extra={"cold_seconds": {"precompile:fn-key": 5.0, f"inductor:{KEY_A}": 0.5}})
+    assert restored_cold_seconds([older]) == {("torch/inductor", KEY_A): 0.5}
+
+
 def cold_table(store: MemoryStore, tmp_path: Path, torch: FakeTorch) -> Any:
     """The cold seconds a session that compiled as ``torch`` says stored, recorded in its object's header."""
     s = session(store, tmp_path, "cold")
