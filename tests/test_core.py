@@ -343,7 +343,7 @@ def test_a_dynamo_entrys_share_in_an_older_objects_table_is_not_counted() -> Non
     from pytest_megacache.upload import restored_cold_seconds
 
     older = types.SimpleNamespace(extra={"cold_seconds": {"precompile:fn-key": 5.0, f"inductor:{KEY_A}": 0.5}})
-    assert restored_cold_seconds([older]) == {("torch/inductor", KEY_A): 0.5}
+    assert restored_cold_seconds([older]) == {("torch/inductor", KEY_A): 0.5}  # type: ignore[list-item]
 
 
 def cold_table(store: MemoryStore, tmp_path: Path, torch: FakeTorch) -> Any:
