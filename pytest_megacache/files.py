@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - Windows
 from . import torchfmt
 from .bundle import FILE_PREFIX, Entries, Entry, validate_file_path
 from .errors import BundleError, LocalDiskError, note_free
-from .fsutil import copy_regular, read_regular, stray, temp_owner, write_atomic
+from .fsutil import copy_regular, read_regular, stray, temp_owner, temp_path, write_atomic
 from .scratch import unlink
 
 # What must not travel (locks, temp files, the precompiled header, Inductor's copy of Triton kernels that
@@ -483,7 +483,7 @@ def place_dynamo(entries: Iterable[Entry], inductor: Path, refused: list[str]) -
 
 def _link_or_write(entry: Entry, target: str) -> None:
     if entry.path is not None:
-        tmp = os.path.join(os.path.dirname(target), f".entry.{os.getpid()}-{os.urandom(6).hex()}.tmp")
+        tmp = temp_path(target)
         try:
             os.link(entry.path, tmp)
         except OSError as exc:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
     from typing import BinaryIO
 
-__all__ = ["Refused", "TooLarge", "copy_regular", "read_regular", "stray", "temp_owner", "write_atomic"]
+__all__ = ["Refused", "TooLarge", "copy_regular", "read_regular", "stray", "temp_owner", "temp_path", "write_atomic"]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -127,10 +127,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | BinaryIO | Iterator
     must exist. Raises ``OSError`` (a full disk, no permission); whatever is raised, even a ``BaseException``, the
     temporary file is gone and ``path`` is as it was."""
     target = os.fspath(path)
-    folder, name = os.path.split(target)
-    if not name:
-        raise ValueError(f"not a file name: {target!r}")
-    tmp = os.path.join(folder, f".{name[:_TEMP_NAME_CHARS]}.{os.getpid()}-{os.urandom(6).hex()}.tmp")
+    tmp = temp_path(target)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC | _O_BINARY
     fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)
     renamed = False
@@ -177,6 +174,15 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | BinaryIO | Iterator
             except OSError:
                 pass
 
+
+
+def temp_path(target: str) -> str:
+    """A new temporary name beside ``target`` (``.<name>.<pid>-<random>.tmp``): what this process writes or links
+    there before it is renamed to ``target`` (:func:`temp_owner` reads the pid back, :func:`stray` tells it apart)."""
+    folder, name = os.path.split(target)
+    if not name:
+        raise ValueError(f"not a file name: {target!r}")
+    return os.path.join(folder, f".{name[:_TEMP_NAME_CHARS]}.{os.getpid()}-{os.urandom(6).hex()}.tmp")
 
 
 def temp_owner(name: str) -> int | None:
