@@ -102,9 +102,7 @@ def inlined_sources_shared(cache: Any) -> None:
         entry = read(path)
         try:
             info = entry.dynamo.source_info
-            sources = info.inlined_sources
-            if isinstance(sources, set) and all(dataclasses.is_dataclass(s) and isinstance(getattr(s, "content", None), str)
-                                                and isinstance(getattr(s, "module", None), str) for s in sources):
+            if (sources := _with_texts(info)) is not None:
                 info.inlined_sources = {dataclasses.replace(s, content=shared(s.content, s.module)) for s in sources}
         except Exception:  # noqa: BLE001 - another layout: as torch read it
             pass
@@ -121,15 +119,23 @@ def module_texts_left_out(entry: Any) -> Any:
     empty text, never another one. torch's own objects are not changed; another layout is written as it is."""
     try:
         dynamo = entry.dynamo
-        sources = dynamo.source_info.inlined_sources
-        if not isinstance(sources, set) or not all(
-                dataclasses.is_dataclass(s) and isinstance(getattr(s, "content", None), str) for s in sources):
+        if (sources := _with_texts(dynamo.source_info)) is None:
             return entry
         bare = dataclasses.replace(dynamo.source_info, inlined_sources={dataclasses.replace(s, content="")
                                                                         for s in sources})
         return dataclasses.replace(entry, dynamo=dataclasses.replace(dynamo, source_info=bare))
     except Exception:  # noqa: BLE001 - another layout: written as torch made it
         return entry
+
+
+def _with_texts(source_info: Any) -> set[Any] | None:
+    """torch's record of a package's inlined functions (``SourceInfo.inlined_sources``), where each is of the form
+    these repairs were written against: a dataclass with the module's name and text; else None."""
+    sources = getattr(source_info, "inlined_sources", None)
+    if isinstance(sources, set) and all(dataclasses.is_dataclass(s) and isinstance(getattr(s, "content", None), str)
+                                        and isinstance(getattr(s, "module", None), str) for s in sources):
+        return sources
+    return None
 
 
 def key_without_backend_id() -> None:
