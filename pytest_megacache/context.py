@@ -96,7 +96,7 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
     if not ctx.signing_keys and settings.reads:
         ctx.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
     ctx.reuse = decide_reuse(settings, str(ctx.fingerprint.parts.get("torch", "")))
-    if "precompile" in settings.explicit and settings.precompile and not ctx.reuse.on:
+    if settings.precompile and not ctx.reuse.on:  # asked for (it is off by default)
         ctx.problems.append(f"--megacache-precompile ignored: {ctx.reuse.why}")
     # The opt-in that sets a torch config flag (it imports torch, so only when asked for).
     if settings.eager_backward and (why_not := TorchAdapter.enable_eager_backward()):
@@ -111,26 +111,23 @@ class Reuse:
 
     on: bool
     why: str
-    asked: bool = False  # the user asked for it (so a failure to install it is a problem, not a note)
 
     def as_dict(self) -> dict[str, object]:
         return {"on": self.on, "why": self.why}
 
 
 def decide_reuse(settings: Settings, torch: str) -> Reuse:
-    """Dynamo reuse is on where asked for (or on by default) and its checks were written for the torch installed
-    (``torch``: its version, read without importing it), off where not asked for, turned off or elsewhere."""
+    """Dynamo reuse is on where asked for and its checks were written for the torch installed (``torch``: its
+    version, read without importing it), off where not asked for, turned off or elsewhere."""
     from .dynamo import CHECKED_RELEASES, release_checked
 
-    asked = "precompile" in settings.explicit
     if not settings.precompile:
         return Reuse(False, "turned off (--megacache-no-precompile, MEGACACHE_PRECOMPILE or megacache_precompile)"
-                     if asked else "off by default (--megacache-precompile turns it on)")
+                     if "precompile" in settings.explicit else "off by default (--megacache-precompile turns it on)")
     if not release_checked(torch):
         return Reuse(False, f"checked on torch {', '.join(CHECKED_RELEASES)} only, and this torch is "
-                            f"{torch.split('+')[0] or 'unknown'}", asked)
-    return Reuse(True, "asked for (--megacache-precompile, MEGACACHE_PRECOMPILE or megacache_precompile)" if asked
-                 else f"on by default on torch {torch.split('+')[0]}", asked)
+                            f"{torch.split('+')[0] or 'unknown'}")
+    return Reuse(True, "asked for (--megacache-precompile, MEGACACHE_PRECOMPILE or megacache_precompile)")
 
 
 def _inactive(ctx: Context, reason: str) -> Context:
