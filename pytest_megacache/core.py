@@ -215,7 +215,7 @@ class CacheSession:
             return
         result, unplaced = hand_to_torch(loader, container, dynamo)
         if unplaced:
-            self.problem(f"not placing {len(unplaced)} of the restored Dynamo entries: {'; '.join(unplaced[:3])}")
+            self.problem(f"restored Dynamo entries not placed (their frames are traced): {'; '.join(unplaced[:3])}")
         self.load_stats = LoadStats(True, result.ok, result.artifacts, result.seconds, result.error,
                                     self.load_stats.waited)
         if not result.ok:

@@ -590,3 +590,39 @@ def test_an_orphaned_worker_hands_nothing_over_into_a_staging_directory_whose_co
     finally:
         staging.remove_stage_dir(live)
     assert not live.exists()
+
+
+class WithDynamoEntry(FakeTorch):
+    """A session that also stored a Dynamo entry (larger than the small file system below holds)."""
+
+    def save(self) -> bytes | None:
+        from pytest_megacache import torchfmt
+
+        return torchfmt.serialize([("inductor", k, f"graph {k}".encode()) for k in self.keys]
+                                  + [("precompile", "fn-key", os.urandom(300 << 10))])
+
+
+def test_on_a_full_torch_cache_directory_dynamo_entries_are_not_placed_and_said_once(
+        small_filesystem: SmallFilesystems, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restored Dynamo entry is a file of torch's Dynamo cache: where that file system is full, torch's other
+    artifacts are still loaded, the entries are named in one problem (their frames are traced), and nothing partial
+    is left where torch would read it."""
+    store = LocalDirStore(tmp_path / "store")
+    cold = session(store, tmp_path / "cold")
+    cold.start_restore(background=False)
+    cold.finish(WithDynamoEntry([KEY_A]))  # type: ignore[arg-type]
+    assert cold.upload_stats.objects == 1, cold.problems
+    cold.close()
+    full = small_filesystem("64k")
+    (full / "filler").write_bytes(b"\0" * 60 * 1024)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(full))
+    warm = session(store, tmp_path / "warm")
+    warm.start_restore(background=False)
+    torch = FakeTorch([])
+    warm.load_into_torch(loader=torch.load)
+    [problem] = warm.problems
+    assert problem.startswith("restored Dynamo entries not placed") and "No space left" in problem, problem
+    assert warm.load_stats.ok and warm.load_stats.artifacts == {"inductor": 1}, warm.load_stats
+    assert [k for _t, k, _c in torch.loaded[0]] == [KEY_A]
+    assert not [p for p in (full / "dynamo").rglob("*") if p.is_file()]
+    warm.close()
