@@ -70,9 +70,10 @@ class Compiling(Role):
 
     def _reuse_dynamo(self) -> None:
         with self.contained("turning Dynamo reuse on"):
-            if why_not := TorchAdapter.enable_precompile(str(self.config.rootpath)):
-                self.ctx.reuse = Reuse(False, why_not)
-                self.problems.append(f"--megacache-precompile ignored: {why_not}")  # asked for: it is off by default
+            if why_not := TorchAdapter.enable_precompile(str(self.config.rootpath), self.ctx.reuse.asked):
+                self.ctx.reuse = Reuse(False, why_not, self.ctx.reuse.asked)
+                if self.ctx.reuse.asked:  # by default, the report says why
+                    self.problems.append(f"--megacache-precompile ignored: {why_not}")
                 return
             # torch looks a stored entry up when torch.compile() wraps a function (at import, for a decorator), before
             # any compile starts: the restore is loaded where it first does so (it runs beside collection until then)

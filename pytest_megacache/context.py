@@ -96,7 +96,7 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
     if not ctx.signing_keys and settings.reads:
         ctx.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
     ctx.reuse = decide_reuse(settings, str(ctx.fingerprint.parts.get("torch", "")))
-    if settings.precompile and not ctx.reuse.on:  # asked for (it is off by default)
+    if ctx.reuse.asked and not ctx.reuse.on:  # asked for explicitly: said; by default, the report says why
         ctx.problems.append(f"--megacache-precompile ignored: {ctx.reuse.why}")
     # The opt-in that sets a torch config flag (it imports torch, so only when asked for).
     if settings.eager_backward and (why_not := TorchAdapter.enable_eager_backward()):
@@ -107,27 +107,35 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
 @dataclass
 class Reuse:
     """Whether this session reuses Dynamo's traced work (the compiling role installs it where ``torch._dynamo`` is
-    imported), and on which grounds: said in the report."""
+    imported), and on which grounds: said in the report. ``asked``: turned on by the user (a command line flag, the
+    environment or an ini file), not by default; only then does it cover a backend that is not torch's own (a function
+    of the suite's, which a frame taken from the store never calls), and only then is a torch it does not cover said
+    in a warning."""
 
     on: bool
     why: str
+    asked: bool = False
 
     def as_dict(self) -> dict[str, object]:
-        return {"on": self.on, "why": self.why}
+        return {"on": self.on, "why": self.why, "backends": "any" if self.asked else "torch's own"}
 
 
 def decide_reuse(settings: Settings, torch: str) -> Reuse:
-    """Dynamo reuse is on where asked for and its checks were written for the torch installed (``torch``: its
-    version, read without importing it), off where not asked for, turned off or elsewhere."""
+    """Dynamo reuse is on by default where its checks were written for the torch installed (``torch``: its version,
+    read without importing it), off where turned off or elsewhere."""
     from .dynamo import CHECKED_RELEASES, release_checked
 
+    asked = "precompile" in settings.explicit
     if not settings.precompile:
-        return Reuse(False, "turned off (--megacache-no-precompile, MEGACACHE_PRECOMPILE or megacache_precompile)"
-                     if "precompile" in settings.explicit else "off by default (--megacache-precompile turns it on)")
+        return Reuse(False, "turned off (--megacache-no-precompile, MEGACACHE_PRECOMPILE or megacache_precompile)")
     if not release_checked(torch):
         return Reuse(False, f"checked on torch {', '.join(CHECKED_RELEASES)} only, and this torch is "
-                            f"{torch.split('+')[0] or 'unknown'}")
-    return Reuse(True, "asked for (--megacache-precompile, MEGACACHE_PRECOMPILE or megacache_precompile)")
+                            f"{torch.split('+')[0] or 'unknown'}", asked)
+    if asked:
+        return Reuse(True, "asked for (--megacache-precompile, MEGACACHE_PRECOMPILE or megacache_precompile): "
+                           "every backend that can be named in another process", True)
+    return Reuse(True, f"on by default on torch {torch.split('+')[0]}, for torch's own backends "
+                       "(--megacache-no-precompile turns it off)")
 
 
 def _inactive(ctx: Context, reason: str) -> Context:

@@ -68,7 +68,7 @@ class Settings:
     default_scope: str | None = None
     durations: int = 0
     compile_threads: str = "auto"
-    precompile: bool = False
+    precompile: bool = True
     eager_backward: bool = False
     reuse_isa_check: bool = True
     children: bool = False
@@ -175,12 +175,13 @@ OPTIONS: tuple[Option, ...] = (
            "choice", "auto (default): one Inductor compile thread when the restored cache is expected to "
                      "cover the session, sparing its worker pool; keep: torch's default."),
     Option("precompile", "--megacache-precompile", "MEGACACHE_PRECOMPILE", "megacache_precompile", "bool",
-           "Opt-in: reuse Dynamo's traced work for unchanged code (torch's caching precompile behind the plugin's "
-           "checks: entries keyed by the code itself, every live guard kept, identity guards proven where a stored "
-           "variant is taken, variants taken only under the backend, mode and settings they were compiled under, "
-           "each frame failing open). Ignored, with a warning, on a torch release it was not checked on "
-           "(docs/what-is-cached.md); --megacache-no-precompile turns off what an ini file or the environment "
-           "turned on. Off by default.",
+           "Dynamo reuse: Dynamo's traced work taken again for unchanged code (torch's caching precompile behind the "
+           "plugin's checks: entries keyed by the code itself, every live guard kept, identity guards proven where a "
+           "stored variant is taken, variants taken only under the backend, mode and settings they were compiled "
+           "under, each frame failing open). On by default on the torch releases it was checked on "
+           "(docs/what-is-cached.md), for torch's own backends; off elsewhere, without a warning. Asked for "
+           "explicitly, it also covers a suite's own backends that are plain functions, and a torch it does not "
+           "cover is said in a warning. --megacache-no-precompile turns it off.",
            negation="--megacache-no-precompile"),
     Option("eager_backward", "--megacache-eager-backward", "MEGACACHE_EAGER_BACKWARD", "megacache_eager_backward",
            "bool", "Opt-in: compile each AOTAutograd backward together with its forward (torch's functorch "

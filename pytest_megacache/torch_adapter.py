@@ -293,10 +293,10 @@ class TorchAdapter:
         return None
 
     @staticmethod
-    def enable_precompile(rootdir: str) -> str | None:
-        """Turn on Dynamo reuse (torch's caching precompile behind :mod:`.dynamo`'s checks); None when done,
-        else why not."""
-        return dynamo.install(rootdir)
+    def enable_precompile(rootdir: str, any_backend: bool = False) -> str | None:
+        """Turn on Dynamo reuse (torch's caching precompile behind :mod:`.dynamo`'s checks), for torch's own backends
+        only unless ``any_backend``; None when done, else why not."""
+        return dynamo.install(rootdir, any_backend)
 
     @staticmethod
     def enable_eager_backward() -> str | None:

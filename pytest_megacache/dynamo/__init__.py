@@ -69,6 +69,7 @@ from .proofs import (
     tag_of_test,
     unpack_guards,
 )
+from .shapes import watch_shapes
 
 __all__ = ["CHECKED_RELEASES", "COUNTERS", "before_first_load", "install", "offered_seconds", "refusal_reasons",
            "release_checked", "set_test", "spared_seconds", "used_entries"]
@@ -88,7 +89,7 @@ UNPROVABLE_GUARDS = ("DICT_VERSION", "NN_MODULE", "WEAKREF_ALIVE")
 COUNTER_GROUP = "dynamo_reuse"
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unsupported_backend", "unpicklable", "global_changed",
             "local_changed", "class_changed", "context_changed", "missing_module", "side_effect", "torch_error",
-            "load_failed", "no_backend")
+            "load_failed", "no_backend", "shapes_seen")
 COUNTERS = ("dynamo_reused", "dynamo_frames_reused", "dynamo_traced", "dynamo_stored",
             *(f"dynamo_refused_{r}" for r in REFUSALS))
 
@@ -103,8 +104,9 @@ def release_checked(version: str, releases: tuple[str, ...] = CHECKED_RELEASES) 
 class _Reuse:
     """The state of the wrappers in this process (one per process: torch's state is process-wide)."""
 
-    def __init__(self, rootdir: str) -> None:
+    def __init__(self, rootdir: str, any_backend: bool = True) -> None:
         self.rootdir = rootdir
+        self.any_backend = any_backend  # else only torch's own backends' frames are stored and taken (context)
         # per placeholder of a guard state: what was stored, its digest, the placeholder (held, so that its id is not
         # reused before torch's install hands it back)
         self.pending: dict[int, tuple[Stored, str, Any]] = {}
@@ -159,9 +161,10 @@ class _Reuse:
 _STATE: _Reuse | None = None
 
 
-def install(rootdir: str) -> str | None:
+def install(rootdir: str, any_backend: bool = True) -> str | None:
     """Turn on torch's caching precompile behind the wrappers above; None when done, else why not (then torch's
-    configuration is left as it was)."""
+    configuration is left as it was). Unless ``any_backend``, only the frames of torch's own backends are stored and
+    taken (:func:`.context.torch_own`)."""
     global _STATE
     try:
         import torch
@@ -174,10 +177,12 @@ def install(rootdir: str) -> str | None:
         import torch._dynamo.config as dynamo_config
         import torch._dynamo.guards as guards
         import torch._dynamo.package as package
+        import torch._dynamo.pgo as pgo
         import torch._dynamo.precompile_context as precompile_context
     except Exception as exc:  # noqa: BLE001
         return f"torch's caching precompile did not import: {type(exc).__name__}: {exc}"
     if _STATE is not None:
+        _STATE.any_backend = any_backend
         dynamo_config.caching_precompile = True
         return None
     missing = [name for owner, name in (
@@ -187,15 +192,15 @@ def install(rootdir: str) -> str | None:
         (precompile_context, "PrecompileContext")) if not hasattr(owner, name)]
     if missing or not hasattr(guards.CheckFunctionManager, "serialize_guards"):
         return f"this torch's caching precompile has another form (no {', '.join(missing) or 'serialize_guards'})"
-    state = _Reuse(rootdir)
-    _wrap(state, torch, package, guards, bytecode_transformation)
+    state = _Reuse(rootdir, any_backend)
+    _wrap(state, torch, package, guards, bytecode_transformation, pgo)
     dynamo_config.caching_precompile = True
     _STATE = state
     bookkeeping_quiet()
     return None
 
 
-def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transformation: Any) -> None:
+def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transformation: Any, pgo: Any) -> None:
     CompilePackage = package.CompilePackage
     CheckFunctionManager = guards.CheckFunctionManager
     cache = package.DynamoCache
@@ -232,6 +237,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     compile_id, counters = torch._guards.CompileContext.current_compile_id, torch._dynamo.utils.counters
     watch_warnings(state, compile_id, getattr(torch._dynamo.output_graph, "OutputGraph", None))
+    watch_shapes(state, compile_id, pgo)
     eager_graphs_stored(getattr(torch._dynamo.output_graph, "OutputGraph", None), package, innermost_backend)
     backends_recorded_once(package.DynamoCache)
 
@@ -241,15 +247,18 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         if context is None or wrapped_after_backend(output_graph):
             # a backend of the test's own (or a compile the wrappers did not see start): no later wrapper could be
             # told apart from it; graphs torch dispatches between, but installs one of (backends)
-            why = "shape specializations" if context else "a backend that cannot be named in another process"
+            why = ("shape specializations" if context else "a backend that cannot be named in another process"
+                   if state.any_backend else "a backend that is not torch's own, or cannot be named in another process")
             state.refuse("unsupported_backend", why)
             raise torch._dynamo.exc.PackageError(why)
         # what the trace did that a test can see, done again where the variant is taken (effects): a warning shown
         # that cannot be shown again (its class defined in a function, say) leaves the frame traced in every run
         if (effects := effects_of(trace := state.traces.get(str(compile_id())), counters)) is None:
-            state.refuse("side_effect", "a warning that cannot be shown again was shown while the frame was traced")
+            why = ("a warning that cannot be shown again was shown while the frame was traced" if trace is None
+                   or trace.shown is None else "the trace noted a shape that cannot be noted again")
+            state.refuse("side_effect", why)
             state.side_effects.add(code_key(state.frame_code))
-            raise torch._dynamo.exc.PackageError("a warning was shown while the frame was traced")
+            raise torch._dynamo.exc.PackageError(why)
         proofs = []
         classes: dict[int, tuple[str, type]] = {}
         builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)

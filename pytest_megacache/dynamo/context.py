@@ -7,7 +7,8 @@ AOTAutograd configuration of the moment. In one process torch keeps each wrapper
 A stored variant must be kept apart the same way: :func:`compile_context` digests all of it where Dynamo is about to
 trace a frame, the digest is stored with the variant, and a variant is offered only where Dynamo is about to trace
 under an equal digest. A backend that cannot be named in another process (a function of a test's own, an object) has
-no context: its frames are never stored.
+no context: its frames are never stored. Nor, where reuse is on by default rather than asked for, has a backend that
+is not torch's own (:func:`torch_own`).
 """
 
 from __future__ import annotations
@@ -88,13 +89,27 @@ def config_digests() -> list[str]:
     return digests
 
 
-def compile_context(compiler_fn: Any, one_graph: bool, export: bool) -> str | None:
-    """The digest of what a frame is compiled under, or None where its backend cannot be named."""
+def torch_own(backend: list[Any]) -> bool:
+    """Whether a backend described by :func:`describe_backend` is torch's own: Inductor, or a function of torch's
+    modules (its registered backends, ``eager`` among them), which compile what they are given and record nothing a
+    test could read. A function of a suite's own may count or record what it is given: a frame taken from the store
+    never calls it."""
+    kind = backend[0]
+    if kind == "inductor":
+        return True
+    what = backend[2] if kind == "wrapper" else backend
+    module = str(what[1]) if isinstance(what, list) and len(what) > 1 and what[0] == "function" else ""
+    return module == "torch" or module.startswith("torch.")
+
+
+def compile_context(compiler_fn: Any, one_graph: bool, export: bool, any_backend: bool = True) -> str | None:
+    """The digest of what a frame is compiled under, or None where its backend cannot be named (or, unless
+    ``any_backend``, is not torch's own: :func:`torch_own`)."""
     try:
         backend = describe_backend(innermost_backend(compiler_fn))
     except Exception:  # noqa: BLE001 - a backend that does not describe itself: no context
         return None
-    if backend is None:
+    if backend is None or not (any_backend or torch_own(backend)):
         return None
     text = repr([backend, bool(one_graph), bool(export), *config_digests()])
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]

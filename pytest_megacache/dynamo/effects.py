@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from .objects import Refused
+from .shapes import Note, read_shapes
 
 # torch's counter groups that tracing a frame adds to (torch 2.13: ``output_graph``, ``symbolic_convert``, ``exc``):
 # its graphs and the calls they captured (``stats``), its graph breaks, the resume functions it made, what it could
@@ -73,20 +74,24 @@ class Effects:
 
     warnings: tuple[Shown, ...] = ()
     counters: tuple[tuple[str, str, int], ...] = ()
+    shapes: tuple[Note, ...] = ()  # what it noted of its inputs' shapes, and what was noted before (:mod:`.shapes`)
 
 
 NO_EFFECTS = Effects()
 
 
 class Trace:
-    """One frame being traced: torch's counters before it, the warnings shown so far (None once one was shown
-    that could not be shown again) and when its trace started."""
+    """One frame being traced (of ``code``): torch's counters before it, the warnings shown so far (None once one
+    was shown that could not be shown again), the notes it made of its inputs' shapes (None once one could not be
+    recorded: :mod:`.shapes`) and when its trace started."""
 
-    __slots__ = ("before", "shown", "started")
+    __slots__ = ("before", "code", "shapes", "shown", "started")
 
-    def __init__(self, table: Mapping[str, Mapping[str, int]]) -> None:
+    def __init__(self, table: Mapping[str, Mapping[str, int]], code: Any = None) -> None:
         self.before = counted(table)
+        self.code = code
         self.shown: list[Shown] | None = []
+        self.shapes: list[list[Any]] | None = []
         self.started = time.perf_counter()
 
 
@@ -99,7 +104,7 @@ def effects_of(trace: Trace | None, table: Mapping[str, Mapping[str, int]]) -> d
     """What is stored with a variant whose trace is ``trace`` (ended but for its guards): the warnings it showed and
     what it added to torch's counters ``table``, as plain data; None where it cannot be done again where the variant
     is taken (a warning that cannot be shown again, no trace seen)."""
-    if trace is None or trace.shown is None:
+    if trace is None or trace.shown is None or trace.shapes is None:
         return None
     added: dict[str, dict[str, int]] = {}
     try:
@@ -113,7 +118,8 @@ def effects_of(trace: Trace | None, table: Mapping[str, Mapping[str, int]]) -> d
     except Exception:  # noqa: BLE001 - a table of another form: nothing to count again, the frame is not stored
         return None
     shown = [[w.message, list(w.category), w.filename, w.lineno, w.module] for w in trace.shown]
-    return {**({"warnings": shown} if shown else {}), **({"counters": added} if added else {})}
+    return {**({"warnings": shown} if shown else {}), **({"counters": added} if added else {}),
+            **({"shapes": trace.shapes} if trace.shapes else {})}
 
 
 def _text(value: Any) -> str:
@@ -133,7 +139,7 @@ def read_effects(raw: Any) -> Effects:
     sizes only); raises :class:`Refused` for anything else."""
     if raw is None:
         return Effects()
-    if not isinstance(raw, dict) or set(raw) - {"warnings", "counters"}:
+    if not isinstance(raw, dict) or set(raw) - {"warnings", "counters", "shapes"}:
         raise Refused("side_effect", "malformed record of what the trace did")
     shown, counts = raw.get("warnings", []), raw.get("counters", {})
     if (not isinstance(shown, list) or len(shown) > MAX_WARNINGS or not isinstance(counts, dict)
@@ -151,7 +157,7 @@ def read_effects(raw: Any) -> Effects:
         if not isinstance(values, dict) or len(values) > MAX_COUNTS:
             raise Refused("side_effect", "malformed record of what the trace did")
         added.extend((group, _text(name), _count(n)) for name, n in values.items())
-    return Effects(tuple(warned), tuple(added))
+    return Effects(tuple(warned), tuple(added), read_shapes(raw["shapes"]) if "shapes" in raw else ())
 
 
 def warning_class(module: str, qualname: str) -> type[Warning] | None:

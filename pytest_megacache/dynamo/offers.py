@@ -25,6 +25,7 @@ from .context import compile_context
 from .effects import NO_EFFECTS, Effects, Trace, count_again, shown_again
 from .objects import Refused
 from .proofs import check_proofs
+from .shapes import fits, note_again, notes_of
 
 # Refusals that any later process would make too, so the variant is not stored again from this one: a class's
 # definition is read from its source. A global or a local that names another object depends on the process (a test's
@@ -124,14 +125,27 @@ def superseded(passed_over: list[Offer], test: str) -> int:
     return REPLACES if own else NEW
 
 
+def _fits_always(_offer: Offer) -> bool:
+    return True
+
+
+def _fits(fits: Callable[[Offer], bool], offer: Offer) -> bool:
+    try:
+        return fits(offer)
+    except Exception:  # noqa: BLE001 - a record that cannot be compared does not fit
+        return False
+
+
 def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any], build: Callable[[Offer], Any],
-         passed_over: list[Offer] | None = None) -> tuple[tuple[Offer, Any] | None, tuple[str, str] | None]:
-    """The first offer compiled under ``context`` whose proofs hold now and whose guards pass on ``f_locals``, with
-    its guards (built by ``build``, which raises :class:`Refused` for a proof that fails); else None and why the
-    frame could not take one: a proof that failed, else another compile context; None where the guards of every
-    offer of this context merely fail on these inputs (the frame is a new variant, traced as torch would). The offers
-    of this context that a proof refused, that torch failed to load or whose guards failed are added to
-    ``passed_over``."""
+         passed_over: list[Offer] | None = None, fits: Callable[[Offer], bool] = _fits_always,
+         ) -> tuple[tuple[Offer, Any] | None, tuple[str, str] | None]:
+    """The first offer compiled under ``context`` whose proofs hold now, whose guards pass on ``f_locals`` and that
+    ``fits`` (torch's record of the shapes the frame's inputs had is what it was where the offer was traced:
+    :func:`.shapes.fits`), with its guards (built by ``build``, which raises :class:`Refused` for a proof that
+    fails); else None and why the frame could not take one: a proof that failed or a record of shapes that differs
+    (the first seen), else another compile context; None where the guards of every offer of this context merely fail
+    on these inputs (the frame is a new variant, traced as torch would). The offers of this context that a proof
+    refused, that torch failed to load or whose guards failed are added to ``passed_over``."""
     passed_over = [] if passed_over is None else passed_over
     refusal: tuple[str, str] | None = None
     this_context = other_context = False
@@ -154,6 +168,12 @@ def take(offers: list[Offer], context: str | None, f_locals: dict[str, Any], bui
             holds = bool(manager.check(f_locals))
         except Exception:  # noqa: BLE001 - a guard that raises on these locals does not hold
             holds = False
+        if holds and not _fits(fits, offer):
+            # Dynamo would trace another variant than this one here (it holds but is not what torch would make now)
+            offer.prepared.manager = manager
+            refusal = refusal or ("shapes_seen", "torch's record of the shapes the frame's inputs had is not what it "
+                                                 "was where the variant was traced")
+            continue
         if holds:
             offer.prepared.manager = None  # handed to Dynamo: a cache entry owns it now
             return (offer, manager), None
@@ -180,6 +200,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
     records the compile context of each frame it traces for the variant stored from it. ``load_guards`` unpickles a
     variant's stored guard state in a module's globals, ``load_guard_manager`` builds its guards (torch's own)."""
     import torch._dynamo.convert_frame as convert_frame
+    import torch._dynamo.pgo as pgo
 
     compile_fn = convert_frame._compile
     signature = inspect.signature(compile_fn)
@@ -219,14 +240,22 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         if exceeds is not None and exceeds(args["cache_size"], compile_id)[0]:
             return None  # torch says so, as without the option
         passed_over: list[Offer] = []
+        code, closure = args["code"], args.get("closure")
         with timed("precompile_build_guards"):
-            found, refusal = take(offers, context, args["locals"], build, passed_over)
+            found, refusal = take(offers, context, args["locals"], build, passed_over,
+                                  lambda offer: fits(offer.effects.shapes, code, closure, pgo))
         if found is None:
             if refusal is not None:
                 state.refuse(*refusal)  # once per frame traced in place of a stored variant
             state.retraced = superseded(passed_over, state.test)
             return None
         offer, manager = found
+        try:
+            # what the trace noted of its inputs' shapes, as torch's objects (noted again below)
+            notes = notes_of(offer.effects.shapes, code, closure, pgo) if offer.effects.shapes else []
+        except Exception as exc:  # noqa: BLE001
+            state.refuse("side_effect", f"the shapes the trace saw not noted again: {type(exc).__name__}: {exc}")
+            return None
         try:
             # what the trace showed, shown again where it would have been (before the frame runs); what the filters of
             # the moment make of a warning (-W error), or a warning's class gone: traced instead, and torch does it
@@ -235,6 +264,9 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             state.refuse("side_effect", f"the warnings of the trace not shown again: {type(exc).__name__}: {exc}")
             return None
         count_again(offer.effects, counters)  # what the trace added to torch's counters (a test may read them)
+        # and to torch's record of the shapes each input had (automatic dynamic shapes): a later trace of the code
+        # marks dynamic what differs, as where this frame was traced
+        note_again(notes, pgo, torch._dynamo.config)
         state.taken.add(offer.digest)
         _SPARED[0] += offer.seconds
         state.count("dynamo_frames_reused")
@@ -255,7 +287,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         try:
             bound = signature.bind(*args, **kwargs).arguments
             key = str(bound["compile_id"])
-            context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"])
+            context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"], state.any_backend)
             result = reused(bound, context)
         except Exception as exc:  # noqa: BLE001 - any failure: the frame is traced as without the option
             state.refuse("torch_error", f"stored variants not offered: {type(exc).__name__}: {exc}")
@@ -266,7 +298,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             state.retraced = outer
             return result
         state.contexts.append(context)
-        if key is not None and (trace := _trace(counters)) is not None:
+        if key is not None and (trace := _trace(counters, bound["code"])) is not None:
             state.traces[key] = trace  # what the trace does that a test can see (effects)
         try:
             try:
@@ -287,9 +319,9 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
     convert_frame._compile = _compile
 
 
-def _trace(counters: Any) -> Trace | None:
+def _trace(counters: Any, code: Any) -> Trace | None:
     try:
-        return Trace(counters)
+        return Trace(counters, code)
     except Exception:  # noqa: BLE001 - no trace noted: the frame is not stored (effects_of)
         return None
 
