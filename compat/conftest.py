@@ -19,6 +19,9 @@ from .sessions import Project, Session
 
 # The main sessions never run the ISA decision test (it patches torch's check; compat/test_isa.py runs it alone).
 MAIN = ("-k", "not isa_decision")
+# The cache's layers below Dynamo (FX graphs, AOTAutograd, kernels) are seen without Dynamo reuse, which is on by
+# default where checked: a frame taken from the store never looks its graphs up. Reuse has sessions of its own.
+LAYERS = (*MAIN, "--megacache-no-precompile")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,15 +63,15 @@ class Matrix:
         return self._get("plain", *MAIN, store=None)
 
     def cold(self) -> Session:
-        return self._get("cold", *MAIN, store=self.store)
+        return self._get("cold", *LAYERS, store=self.store)
 
     def warm(self) -> Session:
         self.cold()
-        return self._get("warm", *MAIN, store=self.store)
+        return self._get("warm", *LAYERS, store=self.store)
 
     def warm_xdist(self) -> Session:
         self.cold()
-        return self._get("warm-n2", *MAIN, "-n", "2", store=self.store)
+        return self._get("warm-n2", *LAYERS, "-n", "2", store=self.store)
 
     # The user's opt-in to dynamic-shape profiles (pgo): its own store, the dynamic-shape test alone.
     def pgo_cold(self) -> Session:
@@ -80,9 +83,9 @@ class Matrix:
         return self._get("pgo-warm", "-k", "dynamic_recompile", store=self.base / "store-pgo",
                          env={"TORCH_COMPILE_JOB_ID": "compat-suite"})
 
-    # Dynamo reuse (--megacache-precompile): its own store, the main tests.
+    # Dynamo reuse: its own store, the main tests; cold as by default, warm asked for (--megacache-precompile).
     def reuse_cold(self) -> Session:
-        return self._get("reuse-cold", *MAIN, "--megacache-precompile", store=self.base / "store-reuse")
+        return self._get("reuse-cold", *MAIN, store=self.base / "store-reuse")
 
     def reuse_warm(self) -> Session:
         self.reuse_cold()

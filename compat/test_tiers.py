@@ -157,11 +157,13 @@ def test_the_vector_isa_check_is_not_run_again_warm(matrix: Matrix, results: Res
 
 
 @pytest.mark.tier("reuse")
-def test_dynamo_reuse_is_used_where_checked_and_refused_with_one_warning_elsewhere(matrix: Matrix,
-                                                                                   results: Results) -> None:
-    """--megacache-precompile: on a release its checks were written for, the warm session takes frames the cold one
-    stored instead of tracing them; elsewhere the option is ignored with one warning. The outcomes are the plugin-off
-    session's either way."""
+def test_dynamo_reuse_is_on_by_default_where_checked_and_off_without_a_warning_elsewhere(matrix: Matrix,
+                                                                                      results: Results) -> None:
+    """Dynamo reuse: on a release its checks were written for, on by default (the cold session) and where asked for
+    (the warm one, --megacache-precompile), and the warm session takes frames the cold one stored instead of tracing
+    them; elsewhere off, silently by default and with one warning where asked for. Turned off
+    (--megacache-no-precompile, the layers' sessions), off and said so. The outcomes are the plugin-off session's
+    either way."""
     from pytest_megacache import dynamo as dynamo_reuse
 
     plain, cold, warm = matrix.plain(), matrix.reuse_cold(), matrix.reuse_warm()
@@ -170,20 +172,26 @@ def test_dynamo_reuse_is_used_where_checked_and_refused_with_one_warning_elsewhe
         warned_once_at_most(session)
         assert session.report is not None, session.describe()
     torch = version("torch") or "?"
+    checked = dynamo_reuse.release_checked(torch)
     c = {k: int(v) for k, v in warm.report["torch"]["counters"].items()}  # type: ignore[index]
-    # not asked for: off, without a warning; the report says why (and, asked for, whether it is on)
-    default = matrix.warm()
-    assert default.report is not None, default.describe()
-    grounds = default.report["settings"]["dynamo_reuse"]  # type: ignore[index]
-    assert grounds["on"] is False and grounds["why"].startswith("off by default"), grounds
-    assert not any("precompile" in p for p in default.problems), default.problems
+    turned_off = matrix.warm()
+    assert turned_off.report is not None, turned_off.describe()
+    grounds = turned_off.report["settings"]["dynamo_reuse"]  # type: ignore[index]
+    assert grounds["on"] is False and grounds["why"].startswith("turned off"), grounds
+    assert not any("precompile" in p for p in turned_off.problems), turned_off.problems
+    by_default = cold.report["settings"]["dynamo_reuse"]  # type: ignore[index]
     asked = warm.report["settings"]["dynamo_reuse"]  # type: ignore[index]
-    assert asked["on"] is dynamo_reuse.release_checked(torch), asked
-    if not dynamo_reuse.release_checked(torch):
+    assert by_default["on"] is checked and asked["on"] is checked, (by_default, asked)
+    assert not any("precompile" in p for p in cold.problems), cold.problems  # by default: said in the report only
+    if not checked:
+        assert "checked on torch" in by_default["why"], by_default
         assert any("--megacache-precompile ignored" in p for p in warm.problems), warm.problems
         assert c.get("dynamo_reused", 0) == 0, c
-        results.record("reuse", "refused", f"torch {torch}: the option is ignored with one warning; outcomes same")
+        results.record("reuse", "off", f"torch {torch}: off by default without a warning, asked for ignored with one; "
+                                       "outcomes same")
         return
+    assert by_default["why"].startswith("on by default") and by_default["backends"] == "torch's own", by_default
+    assert asked["why"].startswith("asked for") and asked["backends"] == "any", asked
     cold_c = {k: int(v) for k, v in cold.report["torch"]["counters"].items()}  # type: ignore[index]
     assert cold_c.get("dynamo_stored", 0) >= 1, cold_c
     assert c.get("dynamo_frames_reused", 0) >= 1 and c.get("dynamo_traced", 0) < cold_c.get("dynamo_traced", 0), (

@@ -144,19 +144,22 @@ class Run:
 
 class TorchProject:
     """A project of ``tests`` (test_compiled.py) and a conftest reading torch's counters; every :meth:`run` gets
-    new empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TMPDIR.
+    new empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TMPDIR, and Dynamo reuse turned off unless asked for.
 
     In a test's ``pytester``: its runs inherit this process's environment, as pytester's do. Else in ``path``
     (a fixture's directory, whatever its scope): its runs get this process's environment less what
     :data:`HERMETIC_PREFIXES` names, and what pytester would set (its own HOME, no colors)."""
 
     def __init__(self, pytester: pytest.Pytester | None = None, env: dict[str, str] | None = None,
-                 tests: str = TORCH_TESTS, *, path: Path | None = None) -> None:
+                 tests: str = TORCH_TESTS, *, path: Path | None = None, dynamo_reuse: bool = False) -> None:
         if (pytester is None) == (path is None):
             raise TypeError("a TorchProject lives in a pytester or in a path, one of them")
         self._pytester = pytester
         self.path: Path = pytester.path if pytester is not None else path  # type: ignore[assignment]
-        self.env = dict(env or {})
+        # The cache's layers below Dynamo (FX graphs, AOTAutograd, kernels, files) are seen without Dynamo reuse,
+        # which is on by default: a frame taken from the store never looks its graphs up. ``dynamo_reuse``: the
+        # plugin's default (reuse on where the torch is checked), for the sessions that test reuse itself.
+        self.env = {**({} if dynamo_reuse else {"MEGACACHE_PRECOMPILE": "0"}), **(env or {})}
         self.runs = 0
         if pytester is not None:
             pytester.makepyfile(test_compiled=tests)

@@ -104,6 +104,9 @@ class Chain:
             "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"), "TRITON_CACHE_DIR": str(work / "triton"),
             "TMPDIR": str(work / "tmp"), "TEST_COUNTERS_OUT": str(work / "counters.json"),
             "PYTHONWARNINGS": "ignore::UserWarning:torch",
+            # the faults as the layers below Dynamo meet them (a warm run's FX-graph hit is read); Dynamo reuse, which
+            # waits for the restore where a function is first wrapped, has a run of its own (precompile-blackhole)
+            "MEGACACHE_PRECOMPILE": "0",
             **(env or {}),
         }
         self.proxy.mode = mode

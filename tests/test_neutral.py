@@ -59,7 +59,7 @@ def graphs(path: Path) -> list[dict[str, object]]:
 
 
 def test_independent_tests_compile_the_same_graphs_off_cold_and_warm(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=SHAPES)
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=SHAPES, dynamo_reuse=True)
     seen, isa, checks, isa_seconds = {}, {}, {}, {}
     for name, args in (("off", ("-p", "no:megacache")), ("cold", ()), ("warm", ())):
         out = tmp_path / f"{name}.jsonl"

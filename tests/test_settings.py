@@ -246,8 +246,9 @@ def test_help_texts_state_the_real_default() -> None:
             assert f"default: {shown})" in text, opt.name
         elif "no longer needed" in text.lower():
             assert opt.default is False and "ignored" in text, opt.name  # a retired flag, accepted
-        elif "by default" in text:
-            assert opt.default is False and "Off by default" in text, opt.name
+        elif "by default" in text:  # "Off by default.", or on by default where a condition holds
+            assert ("Off by default" in text, "On by default" in text) == (opt.default is False, opt.default is True), \
+                opt.name
 
 
 # --- MEGACACHE_SIGNING_KEY, resolved with the rest ------------------------------------------------------
@@ -299,22 +300,29 @@ def test_the_default_scope_setting_comes_from_every_source() -> None:
         settings(env={"MEGACACHE_DEFAULT_SCOPE": "release/2.x"})
 
 
-def test_dynamo_reuse_is_on_where_asked_for_and_checked_and_says_why() -> None:
-    """Decided from torch's version as installed (torch is not imported): on where asked for on a checked release,
-    off by default, off elsewhere (asked for there, the plugin warns: context.activate), and off where turned off
-    again (an ini file turned it on, the command line off)."""
+def test_dynamo_reuse_is_on_by_default_where_checked_and_says_why() -> None:
+    """Decided from torch's version as installed (torch is not imported): on by default on a checked release, for
+    torch's own backends; asked for, for any backend that can be named; off elsewhere (silently by default, with a
+    warning where asked for: context.activate), and off where turned off (an ini file turned it on, the command line
+    off)."""
     from pytest_megacache.context import decide_reuse
 
     default = resolve(cli=lambda name: None, env={}, ini=lambda name: None)
     asked = resolve(cli=lambda name: True if name == "precompile" else None, env={}, ini=lambda name: None)
     again_off = resolve(cli=lambda name: False if name == "precompile" else None, env={},
                         ini=lambda name: "yes" if name == "megacache_precompile" else None)
-    assert not default.precompile and not again_off.precompile
-    off = decide_reuse(default, "2.13.0+cpu")
-    assert not off.on and off.why.startswith("off by default")
-    on = decide_reuse(asked, "2.15.1")
-    assert on.on and on.why.startswith("asked for")
+    env_off = resolve(cli=lambda name: None, env={"MEGACACHE_PRECOMPILE": "0"}, ini=lambda name: None)
+    assert default.precompile and asked.precompile and not again_off.precompile and not env_off.precompile
+    on = decide_reuse(default, "2.13.0+cpu")
+    assert on.on and not on.asked and on.why.startswith("on by default on torch 2.13.0"), on
+    assert on.as_dict() == {"on": True, "why": on.why, "backends": "torch's own"}
+    old_default = decide_reuse(default, "2.10.0+cu128")
+    assert not old_default.on and not old_default.asked and "this torch is 2.10.0" in old_default.why
+    explicit = decide_reuse(asked, "2.15.1")
+    assert explicit.on and explicit.asked and explicit.why.startswith("asked for")
+    assert explicit.as_dict()["backends"] == "any"
     old = decide_reuse(asked, "2.10.0+cu128")
-    assert not old.on and "this torch is 2.10.0" in old.why
-    assert decide_reuse(again_off, "2.13.0").why.startswith("turned off")
+    assert not old.on and old.asked and "this torch is 2.10.0" in old.why
+    for off in (again_off, env_off):
+        assert not decide_reuse(off, "2.13.0").on and decide_reuse(off, "2.13.0").why.startswith("turned off")
     assert not decide_reuse(asked, "").on  # no torch found: off

@@ -41,7 +41,6 @@ like torch's) say what was reused, traced, stored and refused, and why.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import os
 import re
@@ -54,6 +53,7 @@ from .backends import backends_recorded_once, eager_graphs_stored, wrapped_after
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, effects_of, failed_load_contained, watch_warnings
 from .merge import enterable_codes, entry_signature, packages_merged, stored_code
+from .objects import importable, missing_module
 from .offers import NEW, UNSTABLE, Offer, Offers, offer_where_traced, offered_seconds, spared_seconds
 from .proofs import (
     Refused,
@@ -395,7 +395,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             self._megacache_loaded = dynamo
             return None
         except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
-            if (missing := _missing_module(exc)) is not None:
+            if (missing := missing_module(exc)) is not None:
                 self._megacache_deferred = (fn, dynamo, missing)  # installed where its frame runs, if it appears
             else:
                 state.refuse_error(exc)
@@ -427,7 +427,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             install_package(self, backends)
         except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
             fn = self._innermost_fn
-            if (missing := _missing_module(exc)) is not None and loaded is not None:
+            if (missing := missing_module(exc)) is not None and loaded is not None:
                 _defer(state, self, fn, loaded, missing, backends)  # an import source not there yet
             else:
                 state.refuse_error(exc)
@@ -458,7 +458,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         if deferred is None or deferred[0] is not code:
             return
         _, fn, dynamo, backends, missing = deferred
-        if not _importable(missing):
+        if not importable(missing):
             state.refuse("missing_module", f"{missing} is not there")  # once per frame traced
             return
         del state.deferred[id(code)]
@@ -535,22 +535,6 @@ def _guards_of(load_guards_state: Any, builtins_of: Any, bytecode_transformation
         # and the frame runs eagerly)
         repairs.numbering_past_name(bytecode_transformation, name)
     return loaded
-
-
-def _missing_module(exc: BaseException) -> str | None:
-    """The module whose absence failed loading an entry (an import of it by torch), else None."""
-    if isinstance(exc, ModuleNotFoundError) and exc.name:
-        return exc.name
-    return None
-
-
-def _importable(name: str) -> bool:
-    if name in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec(name) is not None
-    except Exception:  # noqa: BLE001 - a parent package missing, say
-        return False
 
 
 def _defer(state: _Reuse, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import importlib.util
 import json
 import sys
 import types
@@ -255,3 +256,20 @@ def find(what: list[str]) -> Any:
             return obj
         obj = getattr(obj, "__wrapped__", None)
     return None
+
+
+def missing_module(exc: BaseException) -> str | None:
+    """The module whose absence failed loading an entry (an import of it by torch), else None."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return exc.name
+    return None
+
+
+def importable(name: str) -> bool:
+    """Whether the module ``name`` is imported, or could be (its spec is found; nothing is imported)."""
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # noqa: BLE001 - a parent package missing, say
+        return False

@@ -11,8 +11,9 @@ the variant (:func:`~.effects.effects_of`), checked when read back (:func:`read_
 where the variant is about to be taken (:func:`notes_of`, which refuses the variant where one cannot be) and noted
 again as torch notes them (:func:`note_again`). A note about the traced frame's own code is keyed by the code that
 takes the variant; one about a function the trace inlined, by that function's code id (file content, first line,
-name), and only where the function has no closure (torch's key for one hashes what its cells hold, not stable
-between processes): a trace that noted one that has is not stored.
+name) and, where torch keys a closure by the code of the functions its cells hold (torch 2.12 on), by those
+functions' names and code digests, found again where the variant is taken: a trace that noted one whose cells hold
+a function no name finds (one made in a function) is not stored.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import dataclasses
 import functools
 from typing import Any
 
-from .objects import Refused
+from .objects import Refused, describe, find
 
 FRAME = "frame"  # a note about the traced frame's own code
 MAX_NOTES = 256  # per frame traced; a trace that made more is not stored
@@ -29,8 +30,11 @@ MAX_DIMS = 64
 _SENTINELS = ("auto_dynamic", "auto_unset")  # torch's markers in a note's values, stored by name
 
 
+_PLAIN = (int, float, bool)  # a noted integer or float input's value (JSON keeps the three apart)
+
+
 def _encode(value: Any, pgo: Any) -> Any:
-    if type(value) is int or value is None:
+    if type(value) in _PLAIN or value is None:
         return value
     for name in _SENTINELS:
         if value is getattr(pgo, name, _SENTINELS):
@@ -43,7 +47,7 @@ def _encode(value: Any, pgo: Any) -> Any:
 
 
 def _decode(value: Any, pgo: Any, depth: int = 0) -> Any:
-    if type(value) is int or value is None:
+    if type(value) in _PLAIN or value is None:
         return value
     if isinstance(value, str) and value in _SENTINELS:
         return getattr(pgo, value)
@@ -59,6 +63,50 @@ def encode_entry(entry: Any, pgo: Any) -> dict[str, Any] | None:
     if entry is None:
         return None
     return {f.name: _encode(getattr(entry, f.name), pgo) for f in dataclasses.fields(entry)}
+
+
+def _keyed_by_closure(pgo: Any) -> bool:
+    """Whether this torch keys a code's record by what its closure's cells hold (2.12 on; 2.11 by the code alone)."""
+    return any(f.name == "closure_hash" for f in dataclasses.fields(pgo.CodeId))
+
+
+def _code_id(pgo: Any, code: Any, closure: Any) -> Any:
+    return pgo.CodeId.make(code, closure) if _keyed_by_closure(pgo) else pgo.CodeId.make(code)
+
+
+def _cells(closure: Any) -> list[Any] | None:
+    """What torch's key of a closure hashes (the code of each function a cell holds), as descriptions found again in
+    another process (None: no closure); raises where a function has no name to be found by."""
+    if not closure:
+        return None
+    cells: list[Any] = []
+    for cell in closure:
+        try:
+            content = cell.cell_contents
+        except ValueError:  # an empty cell: torch hashes None for it
+            content = None
+        if not (callable(content) and hasattr(content, "__code__")):
+            cells.append(None)
+            continue
+        what = describe(content)
+        if what is None or what[0] != "function" or find(what) is not content:
+            raise ValueError("a closure holding a function no name finds")
+        cells.append(what)
+    return cells
+
+
+def _closure_hash(cells: list[Any]) -> int:
+    """torch's hash of a closure whose cells :func:`_cells` described, in this process."""
+    codes: list[Any] = []
+    for what in cells:
+        if what is None:
+            codes.append(None)
+            continue
+        found = find(what)
+        if found is None:
+            raise Refused("side_effect", "a function a closure held when the trace noted its shapes is not there")
+        codes.append(found.__code__)
+    return hash(tuple(codes))
 
 
 def _recorded(pgo: Any, code_id: Any) -> Any:
@@ -86,7 +134,7 @@ def watch_shapes(state: Any, compile_id: Any, pgo: Any) -> None:
             trace = state.traces.get(str(current)) if current is not None else None
             if trace is None or trace.shapes is None:
                 return None, None
-            made = code_id.make(tx.f_code, getattr(tx, "closure", None))
+            made = _code_id(pgo, tx.f_code, getattr(tx, "closure", None))
             return trace, encode_entry(_before(_recorded(pgo, made), name), pgo)
         except Exception:  # noqa: BLE001 - watching never changes a trace; a note not recorded leaves it unstored
             if trace is not None:
@@ -98,11 +146,11 @@ def watch_shapes(state: Any, compile_id: Any, pgo: Any) -> None:
             code = tx.f_code
             if code is trace.code:
                 where: Any = FRAME
-            elif getattr(tx, "closure", None):
-                raise ValueError("a note about an inlined function with a closure")
             else:
-                made = code_id.make(code)
+                made = code_id.make(code) if not _keyed_by_closure(pgo) else code_id.make(code, None)
                 where = [str(made.filename), int(made.firstlineno), str(made.name), str(made.file_hash)]
+                if _keyed_by_closure(pgo) and (cells := _cells(getattr(tx, "closure", None))) is not None:
+                    where.append(cells)
             noted = [where, str(name), encode_entry(entry, pgo), held]
             trace.shapes = [*trace.shapes, noted] if len(trace.shapes) < MAX_NOTES else None
         except Exception:  # noqa: BLE001
@@ -138,12 +186,22 @@ def read_shapes(raw: Any) -> tuple[Note, ...]:
 
 
 def _is_code_id(where: Any) -> bool:
-    return (isinstance(where, list) and len(where) == 4 and isinstance(where[0], str) and type(where[1]) is int
-            and isinstance(where[2], str) and isinstance(where[3], str))
+    return (isinstance(where, list) and len(where) in (4, 5) and isinstance(where[0], str) and type(where[1]) is int
+            and isinstance(where[2], str) and isinstance(where[3], str)
+            and (len(where) == 4 or (isinstance(where[4], list) and all(_is_description(c) for c in where[4]))))
+
+
+def _is_description(cell: Any) -> bool:
+    return cell is None or (isinstance(cell, list) and 0 < len(cell) <= 8 and cell[0] == "function"
+                            and all(isinstance(part, str) for part in cell[:4]))
 
 
 def _key(where: Any, code: Any, closure: Any, pgo: Any) -> Any:
-    return pgo.CodeId.make(code, closure) if where == FRAME else pgo.CodeId(*where)
+    if where == FRAME:
+        return _code_id(pgo, code, closure)
+    if len(where) == 5:
+        return pgo.CodeId(*where[:4], _closure_hash(where[4]))
+    return pgo.CodeId(*where)
 
 
 def fits(notes: tuple[Note, ...], code: Any, closure: Any, pgo: Any) -> bool:

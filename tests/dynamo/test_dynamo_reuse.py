@@ -366,6 +366,14 @@ def counted(x):  # a graph break: two frames (the function and its resume functi
 
 def counted_by_backend(x):
     return torch.sin(x) * 2 + 1
+
+
+def recorded_by_backend(x):
+    return torch.cos(x) * 3 - 1
+
+
+def grows(x):  # called with sizes the cold session never saw, after its stored variant was taken
+    return torch.sin(x) + 2
 """
 
 # A module that generates others from templates at run time; its compiled functions call into them.
@@ -680,6 +688,34 @@ def test_a_compile_counter_backend():  # torch's own counting backend: a backend
     assert (counter.frame_count, counter.op_count) == (1, 3)
 
 
+GIVEN = []
+
+
+def recording(gm, example_inputs):  # a backend of the suite's own: a named function that records what it is given
+    GIVEN.append(len(list(gm.graph.nodes)))
+    return gm.forward
+
+
+def test_a_backend_of_the_suites_own():  # reuse on by default never stores its frames: taken, it would not be called
+    GIVEN.clear()
+    same(torch.compile(edits.recorded_by_backend, backend=recording), edits.recorded_by_backend, X)
+    assert len(GIVEN) == 1
+
+
+def test_new_sizes_after_a_variant_taken_from_the_store():
+    from torch._dynamo.utils import counters
+
+    compiled = torch.compile(edits.grows)
+    same(compiled, edits.grows, torch.ones(4))  # cold: traced; warm: taken from the store
+    if VARIANT == 2:
+        # sizes the cold session never saw: as where the first call was traced, torch marks the size dynamic at the
+        # second one (one graph for both), instead of a static graph then a dynamic one
+        before = counters["stats"]["unique_graphs"]
+        same(compiled, edits.grows, torch.ones(6))
+        same(compiled, edits.grows, torch.ones(9))
+        assert counters["stats"]["unique_graphs"] - before == 1
+
+
 def test_generated_module(tmp_path):
     generator.setup(tmp_path, 2 + VARIANT)
     same(generator.compiled_call, lambda x: generator.generated.kernel(x) + 1, X)
@@ -748,7 +784,7 @@ class ReuseChain:
 
     def run(self, name: str, variant: int, *args: str) -> Run:
         self.write(variant)
-        self.runs[name] = run = self.project.run("--megacache-precompile", *args, env={"REUSE_VARIANT": str(variant)})
+        self.runs[name] = run = self.project.run(*args, env={"REUSE_VARIANT": str(variant)})  # reuse on by default
         return run
 
     def stored_precompile(self) -> list[dict[str, bytes]]:
@@ -812,7 +848,7 @@ def _objects(store: Path) -> list[tuple[Path, Any, Any]]:
 @pytest.fixture(scope="class")
 def reuse_chain(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> ReuseChain:
     path: Path = removed_unless_failed(request, tmp_path_factory.mktemp("dynamo-reuse"))
-    project = TorchProject(path=path, env={"MEGACACHE_DIR": str(path / "store")}, tests=TESTS)
+    project = TorchProject(path=path, env={"MEGACACHE_DIR": str(path / "store")}, tests=TESTS, dynamo_reuse=True)
     chain = ReuseChain(project)
     chain.run("cold", 1)
     chain.after_cold = chain.stored_precompile()
@@ -862,7 +898,7 @@ class TestDynamoReuse:
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
             failed = [line for line in run.result.outlines if line.startswith(("FAILED", "ERROR"))]
-            assert ran == (49 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
+            assert ran == (51 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -992,6 +1028,29 @@ class TestDynamoReuse:
             assert _counters(run)["dynamo_refused_no_backend"] >= 1, _counters(run)
             assert run.report is not None
             assert "no compiled graph" in run.report["torch"]["dynamo_refusals"]["no_backend"], run.report["torch"]
+
+    def test_by_default_a_backend_of_the_suites_own_is_called_in_every_run(self, reuse_chain: ReuseChain) -> None:
+        """On by default, reuse covers torch's own backends only: a named function of the suite's own may count or
+        record what it is given (the test asserts it was called), and a frame taken from the store never calls it. Its
+        frames are traced in every run, refused as an unsupported backend; the sessions' settings say so."""
+        test = "test_a_backend_of_the_suites_own"
+        for name, run in reuse_chain.runs.items():
+            assert _traces(run, test) == 1 and _counters(run)["dynamo_refused_unsupported_backend"] >= 1, name
+            assert run.report is not None
+            grounds = run.report["settings"]["dynamo_reuse"]
+            assert grounds["on"] is True and grounds["backends"] == "torch's own", grounds
+            assert grounds["why"].startswith("on by default"), grounds
+
+    def test_a_frame_taken_from_the_store_leaves_torchs_record_of_its_shapes_as_its_trace_did(
+            self, reuse_chain: ReuseChain) -> None:
+        """torch notes the sizes each traced frame's inputs had, and marks a size dynamic where a later trace of the
+        same code sees another one (automatic dynamic shapes). A frame taken from the store notes what its trace
+        noted: the warm test's new sizes make one dynamic graph (the test asserts torch's graph count), as where the
+        first call was traced, instead of a static graph and then a dynamic one; and that graph is what is traced."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        test = "test_new_sizes_after_a_variant_taken_from_the_store"
+        assert (_traces(cold, test), _traces(warm, test)) == (1, 1)
+        assert (_graphs(cold, test), _graphs(warm, test)) == (1, 2)  # warm: the variant taken, then the dynamic graph
 
     def test_a_rebound_global_is_refused(self, reuse_chain: ReuseChain) -> None:
         c = _counters(reuse_chain.runs["warm"])

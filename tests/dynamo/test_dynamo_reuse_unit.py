@@ -587,6 +587,131 @@ def test_the_compile_context_names_the_backend_and_sorts_what_hashing_orders() -
     assert dc.compile_context(lambda gm, inputs: gm, False, False) is None
 
 
+def test_by_default_only_torchs_own_backends_have_a_compile_context() -> None:
+    """Reuse on by default covers torch's own backends: a function of a suite's own that can be named (a module-level
+    function recording what it is given) has a context only where reuse was asked for, since a frame taken from the
+    store never calls it."""
+    from pytest_megacache.dynamo import context as dc
+
+    class _TorchCompileInductorWrapper:
+        def __init__(self) -> None:
+            self.config, self.dynamic, self.name = {}, None, "inductor"
+
+    class _TorchCompileWrapper:
+        def __init__(self, compiler_fn: Any) -> None:
+            self.compiler_fn, self.compiler_name, self.kwargs = compiler_fn, "fn", {}
+
+    suites_own = _function("def recording(gm, inputs):\n    return gm\n", name="recording", module="tests.backends")
+    torchs = _function("def eager(gm, inputs):\n    return gm\n", name="eager", module="torch._dynamo.backends.debugging")
+    for backend, own in ((_TorchCompileInductorWrapper(), True), (_TorchCompileWrapper(torchs), True), (torchs, True),
+                         (_TorchCompileWrapper(suites_own), False), (suites_own, False)):
+        described = dc.describe_backend(backend)
+        assert described is not None and dc.torch_own(described) is own, (backend, described)
+        assert dc.compile_context(backend, False, False) is not None  # asked for: any backend that can be named
+        assert (dc.compile_context(backend, False, False, any_backend=False) is not None) is own
+    assert dc.torch_own(["function", "torchvision.ops", "f", "digest"]) is False
+
+
+def _fake_pgo() -> types.SimpleNamespace:
+    """torch's ``_dynamo.pgo`` as far as the shape notes use it (its entry's fields and markers, its code ids and its
+    process-wide code state)."""
+    import collections
+    import enum
+
+    class AutoDynamic(enum.Enum):
+        token = 0
+
+    class AutoUnset(enum.Enum):
+        token = 0
+
+    @dataclasses.dataclass(frozen=True)
+    class InferStride:
+        dim: int
+
+    @dataclasses.dataclass
+    class FrameStateSizeEntry:
+        scalar: Any = AutoUnset.token
+        size: Any = AutoUnset.token
+        stride: Any = AutoUnset.token
+
+        def __ior__(self, other: Any) -> Any:
+            if self.size is AutoUnset.token:
+                self.size = other.size
+            elif self.size != other.size:
+                self.size = tuple(a if a == b else AutoDynamic.token for a, b in zip(self.size, other.size, strict=True))
+            self.stride = other.stride
+            return self
+
+    @dataclasses.dataclass(frozen=True)
+    class CodeId:
+        filename: str
+        firstlineno: int
+        name: str
+        file_hash: str
+        closure_hash: int | None = None
+
+        @staticmethod
+        def make(code: Any, closure: Any = None) -> Any:
+            return CodeId(code.co_filename, code.co_firstlineno, code.co_name, "content", hash(closure) if closure else None)
+
+    @dataclasses.dataclass
+    class CodeState:
+        automatic_dynamic: Any = dataclasses.field(default_factory=lambda: collections.defaultdict(FrameStateSizeEntry))
+
+    state: Any = collections.defaultdict(CodeState)
+    return types.SimpleNamespace(auto_dynamic=AutoDynamic.token, auto_unset=AutoUnset.token, InferStride=InferStride,
+                                 FrameStateSizeEntry=FrameStateSizeEntry, CodeId=CodeId, get_code_state=lambda: state)
+
+
+def test_the_shapes_a_trace_noted_are_stored_as_plain_data_and_noted_again_where_they_held() -> None:
+    """What a trace noted of its inputs' shapes (torch's automatic dynamic shapes) is stored with what the record
+    held before, read back only in its own form, and noted again only where the record holds what it held where the
+    variant was traced: there Dynamo would trace the same variant; elsewhere (a size seen since) it would trace another
+    one, so the stored variant does not fit."""
+    from pytest_megacache.dynamo import shapes as ds
+
+    pgo = _fake_pgo()
+    code = _function("def f(x):\n    return x\n").__code__
+    entry = pgo.FrameStateSizeEntry(scalar=pgo.auto_dynamic, size=(4,), stride=(pgo.InferStride(0),))
+    encoded = ds.encode_entry(entry, pgo)
+    assert encoded == {"scalar": "auto_dynamic", "size": [4], "stride": [{"infer": 0}]}
+    stored = [[ds.FRAME, "L['x']", encoded, None]]
+    notes = dp.unpack_guards(dp.pack_guards([], "ctx", b"state", effects={"shapes": stored})).effects.shapes
+    assert notes == ((ds.FRAME, "L['x']", encoded, None),)
+    [(key, name, rebuilt)] = ds.notes_of(notes, code, None, pgo)
+    assert key == pgo.CodeId.make(code) and name == "L['x']" and rebuilt == entry
+    assert ds.fits(notes, code, None, pgo)  # nothing noted yet: as where it was traced
+    ds.note_again(ds.notes_of(notes, code, None, pgo), pgo, types.SimpleNamespace(automatic_dynamic_shapes=True))
+    assert pgo.get_code_state()[key].automatic_dynamic["L['x']"].size == (4,)
+    assert not ds.fits(notes, code, None, pgo)  # noted since: Dynamo would mark what differs dynamic
+    after = ((ds.FRAME, "L['x']", ds.encode_entry(pgo.FrameStateSizeEntry(size=(6,)), pgo),
+              ds.encode_entry(pgo.get_code_state()[key].automatic_dynamic["L['x']"], pgo)),)
+    assert ds.fits(after, code, None, pgo)  # the variant traced after that record: it fits now
+    scalar = pgo.FrameStateSizeEntry(scalar=2.5, size=pgo.auto_dynamic, stride=pgo.auto_dynamic)  # a float input
+    assert ds.notes_of(((ds.FRAME, "L['k']", ds.encode_entry(scalar, pgo), None),), code, None, pgo)[0][2] == scalar
+    for malformed in ([["elsewhere", "x", {}, None]], [[ds.FRAME, "x", {}]], [[ds.FRAME, 3, {}, None]], {"x": 1},
+                      [[["file", "1", "f", "h"], "x", {}, None]]):
+        with pytest.raises(dp.Refused):
+            ds.read_shapes(malformed)
+    with pytest.raises(dp.Refused):  # a note of another form than this torch's entry
+        ds.notes_of(((ds.FRAME, "x", {"scalar": 1}, None),), code, None, pgo)
+    with pytest.raises(dp.Refused):
+        ds.notes_of(((ds.FRAME, "x", {**encoded, "size": [[1]]}, None),), code, None, pgo)
+    with pytest.raises(ValueError):
+        ds.encode_entry(pgo.FrameStateSizeEntry(size=(object(),)), pgo)
+
+
+def test_an_offer_that_holds_where_torch_would_trace_another_variant_is_not_taken() -> None:
+    from pytest_megacache.dynamo.offers import take
+
+    dynamic, static = _offer("A", _Guards(True)), _offer("A", _Guards(True))
+    found, refusal = take([dynamic, static], "A", {"x": 1}, _build, fits=lambda offer: offer is static)
+    assert found is not None and found[0] is static and refusal is None
+    assert dynamic.prepared.manager is dynamic.stored  # built, kept for a later frame
+    found, refusal = take([dynamic], "A", {"x": 1}, _build, fits=lambda offer: False)
+    assert found is None and refusal is not None and refusal[0] == "shapes_seen"
+
+
 class _Scaling:
     def __init__(self, k: Any) -> None:
         self.k = k
