@@ -184,7 +184,9 @@ def test_four_sessions_at_once_then_a_warm_one_hits_everything(tmp_path: Path, s
     assert warm.returncode == 0, warm.stdout[-3000:]
     report = json.loads((tmp_path / "warm" / "report.json").read_text())
     counters = report["torch"]["counters"]
-    assert counters["fxgraph_cache_miss"] == 0 and counters["fxgraph_cache_hit"] == 4, counters
+    # each job's graph is taken again: its frame from the store (Dynamo reuse, on by default), or its FX graph hit
+    assert counters["fxgraph_cache_miss"] == 0, counters
+    assert counters["fxgraph_cache_hit"] + counters.get("dynamo_frames_reused", 0) == 4, counters
     assert report["restore"]["objects_used"] == 4
 
 
