@@ -1,13 +1,15 @@
-"""The plugin with and without ``--megacache-precompile`` (Dynamo reuse: torch's caching precompile behind the
-plugin's checks), side by side in one run: on CPU, or with ``--device cuda`` on the example project's GPU tests.
+"""The plugin with and without Dynamo reuse (torch's caching precompile behind the plugin's checks; on by default where
+checked), side by side in one run: on CPU, or with ``--device cuda`` on the example project's GPU tests.
 Every figure is measured here; nothing is a constant.
 
 Modes, each a fresh ``pytest`` process on fresh TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR / TMPDIR (a fresh
 machine), interleaved repeat by repeat so that a slow spell of the machine hits every mode alike:
 
 - plain:            no plugin (``-p no:megacache``): the baseline, and the proof that the tests pass at all.
-- cold / warm:      the plugin's defaults; cold fills a local directory store (``--megacache-dir``), warm restores it.
-- cold-pc / warm-pc: the same with ``--megacache-precompile``, into and from a store of their own.
+- cold / warm:      the plugin without Dynamo reuse (``--megacache-no-precompile``); cold fills a local directory store
+                    (``--megacache-dir``), warm restores it.
+- cold-pc / warm-pc: the plugin's defaults (Dynamo reuse on where checked, for torch's own backends), into and from a
+                    store of their own; ``--precompile-asked`` passes ``--megacache-precompile`` (any backend).
 - eager:            no plugin and ``TORCHDYNAMO_DISABLE=1``: the suite without compiling, the floor no cache beats.
 
 Dynamo's seconds in each run come from torch's own compile timings (``bench_dynamo_seconds.py``, loaded as a
@@ -317,6 +319,9 @@ def read_report(path: Path, run: Run) -> None:
         run.problems.append(f"plugin not active: {doc.get('reason')}")
 
 
+PRECOMPILE_ASKED = [False]  # --precompile-asked
+
+
 def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | None, logs: Path) -> Run:
     root = work / f"{wl.name}-{mode}-r{repeat}"
     shutil.rmtree(root, ignore_errors=True)  # a mode run again in a kept --work folder starts as fresh as the first
@@ -332,7 +337,9 @@ def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | N
         plugin = list(UNLOAD)
     else:
         plugin = [*LOAD, f"--megacache-dir={store}", f"--megacache-report={report}"]
-        if mode.endswith("-pc"):
+        if not mode.endswith("-pc"):
+            plugin.append("--megacache-no-precompile")
+        elif PRECOMPILE_ASKED[0]:
             plugin.append("--megacache-precompile")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench_dynamo_seconds", "-W", "ignore",
            f"--junitxml={junit}", *wl.args, *plugin]
@@ -545,7 +552,10 @@ def main() -> None:
                                                   "folder runs warm modes from an earlier one's cold stores")
     parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "megacache-precompile-logs",
                         help="where the full output of failed pytest runs is kept (default: %(default)s)")
+    parser.add_argument("--precompile-asked", action="store_true",
+                        help="the -pc modes pass --megacache-precompile (reuse for any backend), not the default")
     opts = parser.parse_args()
+    PRECOMPILE_ASKED[0] = opts.precompile_asked
     names = ["small", "dynamo", "example"] if opts.workload == "all" else [opts.workload]
     modes = tuple(m for m in MODES if m in opts.modes.split(",")) if opts.modes else MODES
     if opts.modes and len(modes) != len(opts.modes.split(",")):

@@ -132,7 +132,7 @@ def dynamo_reuse_text(c: Mapping[str, int]) -> str:
     """``Dynamo reuse 7 frames reused / 2 traced (78 % reused) / 1 refused (code changed 1), 5 entries loaded, 2
     stored``: frames that took a stored variant instead of being traced, frames Dynamo traced (and the share
     reused), stored entries or variants refused (per reason), entries loaded where a function was wrapped, frames
-    stored; empty without --megacache-precompile."""
+    stored; empty where Dynamo reuse is off."""
     refused = {name.removeprefix("dynamo_refused_").replace("_", " "): n for name, n in c.items()
                if name.startswith("dynamo_refused_") and n}
     frames, loaded, traced = c.get("dynamo_frames_reused", 0), c.get("dynamo_reused", 0), c.get("dynamo_traced", 0)
