@@ -123,15 +123,36 @@ def _pruned(entry: Any) -> Any:
     """The entry with each code's backends (compiled graphs) cut to those a variant it keeps still calls: a variant
     left out, or two packages' copies of one variant, left its graph behind, and the entry grew by it at every run.
     A variant calls a compiled graph by its global name, so every name its bytecode (or a code object among its
-    constants) loads is kept; where a variant's code cannot be read so, nothing is cut."""
-    used: set[str] = set()
+    constants) loads is kept; where a variant's code cannot be read so, nothing is cut. So are the resume functions
+    no variant it keeps calls (:func:`_reached`)."""
     for code in entry.codes:
         for variant in code.guarded_codes:
             if not isinstance(getattr(variant.dynamo_code, "co_names", None), (tuple, list)):
                 return entry  # another layout: what its code calls is not known, so nothing is cut
-            used |= _names_of(variant.dynamo_code)
-    codes = [dataclasses.replace(code, backend_ids=[b for b in code.backend_ids if b in used]) for code in entry.codes]
+    kept = _reached(entry.codes)
+    used = {name for code in kept for variant in code.guarded_codes for name in _names_of(variant.dynamo_code)}
+    codes = [dataclasses.replace(code, backend_ids=[b for b in code.backend_ids if b in used]) for code in kept]
     return dataclasses.replace(entry, codes=codes)
+
+
+def _reached(codes: list[Any]) -> list[Any]:
+    """The codes a later process can enter: every code but a resume function, and a resume function only where a
+    variant of a code it can enter calls it by one of its names. A resume function is made anew, under a new name,
+    wherever its function's frame is traced: a frame refused here (an optimizer's identity guard, say) left the
+    resume functions its trace made, which no stored variant calls, and the entry grew by one at every run."""
+    kept = [code for code in codes if not _resumes(code)]
+    waiting = [code for code in codes if _resumes(code)]
+    frontier = list(kept)
+    while frontier and waiting:
+        called = {name for code in frontier for variant in code.guarded_codes for name in _names_of(variant.dynamo_code)}
+        frontier = [code for code in waiting if called.intersection(map(str, code.function_names or ()))]
+        waiting = [code for code in waiting if all(code is not f for f in frontier)]
+        kept.extend(frontier)
+    return [code for code in codes if any(code is k for k in kept)]
+
+
+def _resumes(code: Any) -> bool:
+    return str(getattr(code.python_code, "co_name", "")).startswith(RESUME_PREFIX)
 
 
 def _names_of(code: Any, depth: int = 0) -> set[str]:

@@ -453,6 +453,32 @@ def test_a_merged_entry_keeps_only_the_compiled_graphs_its_variants_call() -> No
     assert dynamo_merge._pruned(unknown) is unknown
 
 
+def test_a_merged_entry_keeps_only_the_resume_functions_a_kept_variant_calls() -> None:
+    """A resume function is made anew, under a new name, wherever its function's frame is traced; where that frame
+    is not stored (an optimizer's identity guard), the resume functions of its trace are called by no stored variant:
+    kept, the entry took one more at every run and was uploaded again each time (a training step's, 70 KB a run).
+    The resume functions a kept variant calls stay, and those they call in turn; so do codes that are not resume
+    functions."""
+    from types import SimpleNamespace
+
+    from pytest_megacache.dynamo import merge as dynamo_merge
+
+    def resume(name: str, calls: tuple[str, ...] = ()) -> _Code:
+        return _Code(SimpleNamespace(co_name="torch_dynamo_resume_in_step_at_110"), "m", [name],
+                     [_Variant(name.encode(), SimpleNamespace(co_names=calls, co_consts=()))], [], {}, False)
+
+    main = _Code(SimpleNamespace(co_name="step"), "m", ["step"],
+                 [_Variant(b"main", SimpleNamespace(co_names=("__resume_at_154_8",), co_consts=()))], [], {}, False)
+    called, chained = resume("__resume_at_154_8", ("__resume_at_198_18",)), resume("__resume_at_198_18")
+    orphan, other = resume("__resume_at_154_27"), _Code(SimpleNamespace(co_name="helper"), "m", ["helper"], [], [],
+                                                        {}, False)
+    pruned = dynamo_merge._pruned(_Entry([main, orphan, called, other, chained]))
+    assert [code.function_names for code in pruned.codes] == [["step"], ["__resume_at_154_8"], ["helper"],
+                                                             ["__resume_at_198_18"]]
+    unstored = _Code(SimpleNamespace(co_name="step"), "m", ["step"], [], [], {}, False)  # its frame refused here
+    assert [code.function_names for code in dynamo_merge._pruned(_Entry([unstored, orphan])).codes] == [["step"]]
+
+
 def test_what_a_package_recorded_is_kept_without_the_stored_variants_and_without_the_package() -> None:
     """Each wrapper of a function unpickles the stored entry anew (its package holds a copy of every stored variant):
     what the merge keeps of each package is the variants the stored entry lacks, and the package itself is not kept
