@@ -147,7 +147,7 @@ def watch_shapes(state: Any, compile_id: Any, pgo: Any) -> None:
             if code is trace.code:
                 where: Any = FRAME
             else:
-                made = code_id.make(code) if not _keyed_by_closure(pgo) else code_id.make(code, None)
+                made = _code_id(pgo, code, None)
                 where = [str(made.filename), int(made.firstlineno), str(made.name), str(made.file_hash)]
                 if _keyed_by_closure(pgo) and (cells := _cells(getattr(tx, "closure", None))) is not None:
                     where.append(cells)
