@@ -129,6 +129,7 @@ class _Reuse:
         self.contexts: list[str | None] = []  # the compile contexts of the frames being traced (innermost last)
         # id(code) -> code, function, stored entry, backends, the module missing when the function was wrapped
         self.deferred: dict[int, tuple[Any, Any, Any, Any, str]] = {}
+        self.waiting: dict[tuple[str, int, str], str] = {}  # each code of a deferred entry: the module it waits for
         self.install_deferred: Any = lambda code: None
         self.used: dict[str, None] = {}  # the keys of the stored entries installed in this process, in order
         self.test = ""  # the tag of the test running (proofs.tag_of_test), stored with what it traces
@@ -156,6 +157,13 @@ class _Reuse:
 
     def refuse_error(self, exc: BaseException) -> None:
         self.refuse(reason_of(exc), f"{type(exc).__name__}: {exc}")
+
+    def waiting_for(self, code: Any, scope: dict[str, Any]) -> bool:
+        """Whether a stored entry holding ``code`` (of the module of ``scope``) waits for a module not there yet: a
+        frame of it is traced so in every run (the library makes the module later), and what it traces is what the
+        entry holds but for addresses in torch's guard state; written, the entry grew at every run."""
+        missing = self.waiting.get((str(scope.get("__name__")), int(code.co_firstlineno), str(code.co_name)))
+        return missing is not None and not importable(missing)
 
 
 _STATE: _Reuse | None = None
@@ -543,6 +551,8 @@ def _defer(state: _Reuse, package: Any, fn: Any, dynamo: Any, missing: str, back
         state.refuse("missing_module", f"{missing} is not there")
         return
     state.deferred[id(code)] = (code, fn, dynamo, backends, missing)
+    for entry in getattr(dynamo, "codes", ()):
+        state.waiting[(str(entry.python_module), int(entry.python_code.co_firstlineno), entry.python_code.co_name)] = missing
 
 
 def _no_skip(*_args: Any, **_kwargs: Any) -> None:

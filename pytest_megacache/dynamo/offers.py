@@ -233,8 +233,11 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
 
     def reused(args: dict[str, Any], context: str | None) -> Any:
         state.install_deferred(args["code"])
+        # traced while its stored entry waits for a module: what it traces is not written (the entry holds it)
+        waiting = state.waiting_for(args["code"], args["globals"])
         offers = state.offers.of(args["code"])
         if not offers or args.get("export") or wrap is None or guarded_code is None:
+            state.retraced = UNSTABLE if waiting else NEW
             return None
         compile_id = args["compile_id"]
         if exceeds is not None and exceeds(args["cache_size"], compile_id)[0]:
@@ -247,7 +250,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         if found is None:
             if refusal is not None:
                 state.refuse(*refusal)  # once per frame traced in place of a stored variant
-            state.retraced = superseded(passed_over, state.test)
+            state.retraced = UNSTABLE if waiting else superseded(passed_over, state.test)
             return None
         offer, manager = found
         try:

@@ -1208,3 +1208,16 @@ def test_a_variant_keeps_what_its_trace_took_outside_its_identity() -> None:
         forged = b"megacache-guards-4\n" + len(header).to_bytes(8, "big") + header + b"state"
         assert dp.unpack_guards(forged).seconds == 0.0 and dp.unpack_guards(forged).proofs == proofs, bad
     assert dp.pack_guards(proofs, "ctx", b"state", seconds=float("nan")) == dp.pack_guards(proofs, "ctx", b"state")
+
+
+def test_a_frame_traced_while_its_stored_entry_waits_for_a_module_is_told_apart() -> None:
+    """A stored entry that inlined a module a library makes at run time waits until the module is there; a frame of
+    any of its codes traced before then is traced so in every run, and what it traces is not written (it differs from
+    what the entry holds only by addresses in torch's guard state: written, the entry grew at every run)."""
+    state = dr._Reuse("/")
+    code = _function("def forward(x):\n    return x\n", name="forward", module="lib.layers").__code__
+    state.waiting[("lib.layers", code.co_firstlineno, "forward")] = "lib.generated_kernels_not_there"
+    assert state.waiting_for(code, {"__name__": "lib.layers"})
+    assert not state.waiting_for(code, {"__name__": "other.module"})  # another module's code of that name and line
+    state.waiting[("lib.layers", code.co_firstlineno, "forward")] = "json"  # the module is there now
+    assert not state.waiting_for(code, {"__name__": "lib.layers"})
