@@ -216,8 +216,7 @@ def enterable_codes(codes: list[Any]) -> list[Any]:
     (each run traced them again and stored one more)."""
     if not codes or codes[0].guarded_codes:
         return list(codes)
-    return [codes[0], *(code for code in codes[1:]
-                        if not str(getattr(code.python_code, "co_name", "")).startswith(RESUME_PREFIX))]
+    return [codes[0], *(code for code in codes[1:] if not _resumes(code))]
 
 
 def stored_code(entry: Any) -> Any:
