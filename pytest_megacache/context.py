@@ -96,8 +96,8 @@ def activate(settings: Settings, invocation: Invocation, env: Mapping[str, str] 
     if not ctx.signing_keys and settings.reads:
         ctx.notes.append("restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them")
     ctx.reuse = decide_reuse(settings, str(ctx.fingerprint.parts.get("torch", "")))
-    if ctx.reuse.asked and not ctx.reuse.on:  # asked for explicitly: said; by default, the report says why
-        ctx.problems.append(f"--megacache-precompile ignored: {ctx.reuse.why}")
+    if warning := ctx.reuse.warning():  # asked for explicitly: said; by default, the report says why
+        ctx.problems.append(warning)
     # The opt-in that sets a torch config flag (it imports torch, so only when asked for).
     if settings.eager_backward and (why_not := TorchAdapter.enable_eager_backward()):
         ctx.problems.append(f"--megacache-eager-backward ignored: {why_not}")
@@ -115,15 +115,24 @@ class Reuse:
     on: bool
     why: str
     asked: bool = False
+    unchecked: str = ""  # asked for on a build of a checked release that is not the release itself: why, said once
 
     def as_dict(self) -> dict[str, object]:
         return {"on": self.on, "why": self.why, "backends": "any" if self.asked else "torch's own"}
+
+    def warning(self) -> str | None:
+        """What is said as a warning: reuse asked for where it is not on, or on a torch it was not checked on."""
+        if self.asked and not self.on:
+            return f"--megacache-precompile ignored: {self.why}"
+        if self.unchecked:
+            return f"--megacache-precompile on an unchecked torch: {self.unchecked}"
+        return None
 
 
 def decide_reuse(settings: Settings, torch: str) -> Reuse:
     """Dynamo reuse is on by default where its checks were written for the torch installed (``torch``: its version,
     read without importing it), off where turned off or elsewhere."""
-    from .dynamo import CHECKED_RELEASES, release_checked
+    from .dynamo import CHECKED_RELEASES, final_release, release_checked
 
     asked = "precompile" in settings.explicit
     if not settings.precompile:
@@ -131,6 +140,11 @@ def decide_reuse(settings: Settings, torch: str) -> Reuse:
     if not release_checked(torch):
         return Reuse(False, f"checked on torch {', '.join(CHECKED_RELEASES)} only, and this torch is "
                             f"{torch.split('+')[0] or 'unknown'}", asked)
+    if not final_release(torch):
+        build = f"torch {torch} is a pre-release or a local build, and reuse is checked on final releases only"
+        if asked:
+            return Reuse(True, f"asked for on {build}", True, unchecked=build)
+        return Reuse(False, f"off by default: {build} (--megacache-precompile turns it on)")
     if asked:
         return Reuse(True, "asked for (--megacache-precompile, MEGACACHE_PRECOMPILE or megacache_precompile): "
                            "every backend that can be named in another process", True)

@@ -326,3 +326,13 @@ def test_dynamo_reuse_is_on_by_default_where_checked_and_says_why() -> None:
     for off in (again_off, env_off):
         assert not decide_reuse(off, "2.13.0").on and decide_reuse(off, "2.13.0").why.startswith("turned off")
     assert not decide_reuse(asked, "").on  # no torch found: off
+    # a pre-release or a local build of a checked release: off by default, said in the report only; asked for, on
+    # with a warning (context.activate)
+    for build in ("2.15.0a0+gitecf3bae", "2.14.0.dev20260101+cpu", "2.13.0rc1", "2.13.0+git1234abc"):
+        quiet = decide_reuse(default, build)
+        assert not quiet.on and quiet.why.startswith("off by default") and build in quiet.why
+        assert quiet.warning() is None
+        loud = decide_reuse(asked, build)
+        assert loud.on and loud.asked and build in (loud.warning() or ""), loud
+    assert on.warning() is None and explicit.warning() is None and old_default.warning() is None
+    assert (old.warning() or "").startswith("--megacache-precompile ignored: checked on torch")

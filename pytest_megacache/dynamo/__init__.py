@@ -71,8 +71,8 @@ from .proofs import (
 )
 from .shapes import watch_shapes
 
-__all__ = ["CHECKED_RELEASES", "COUNTERS", "before_first_load", "install", "offered_seconds", "refusal_reasons",
-           "release_checked", "set_test", "spared_seconds", "used_entries"]
+__all__ = ["CHECKED_RELEASES", "COUNTERS", "before_first_load", "final_release", "install", "offered_seconds",
+           "refusal_reasons", "release_checked", "set_test", "spared_seconds", "used_entries"]
 
 # Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
 # chain of code edits against eager, the version suite's reuse tier): 2.11 on an H100 host and on CPU, 2.12 to 2.15
@@ -98,6 +98,20 @@ def release_checked(version: str, releases: tuple[str, ...] = CHECKED_RELEASES) 
     """Whether ``version`` is one of ``releases`` (minor releases; by default those these wrappers were checked on)."""
     match = re.match(r"(\d+)\.(\d+)", version)
     return bool(match) and f"{match.group(1)}.{match.group(2)}" in releases  # type: ignore[union-attr]
+
+
+# The local labels of torch's own final builds (``2.13.0+cpu``, ``2.11.0+cu130``, ``2.9.1+rocm6.4``, ``2.8.0+xpu``):
+# the same release built for another device. Any other label (``+gitecf3bae``, ``+nv24.10``) is a build of its own.
+_OFFICIAL_LABEL = r"(?:cpu|cu\d+|rocm\d+(?:\.\d+)*|xpu|cpu[.\-_]cxx11[.\-_]abi)"
+_FINAL = re.compile(rf"\d+\.\d+(?:\.\d+)?(?:\+{_OFFICIAL_LABEL})?")
+
+
+def final_release(version: str) -> bool:
+    """Whether ``version`` is a final release as torch publishes it, not a pre-release (``2.15.0a0+gitecf3bae``,
+    ``2.14.0.dev20260101+cpu``, ``2.13.0rc1``) or a local build (``2.13.0+git1234abc``): those carry torch's main
+    branch, or a change of someone's, at some point between two releases, whose internals the wrappers were never run
+    on."""
+    return _FINAL.fullmatch(version.strip()) is not None
 
 
 # --- the wrappers over torch's pieces ---------------------------------------------------------------------------

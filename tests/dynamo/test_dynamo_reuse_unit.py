@@ -196,6 +196,16 @@ def test_only_checked_releases_are_allowed() -> None:
     assert not any(dr.release_checked(v) for v in ("2.7.1", "2.10.0", "2.16.0", "2.130.0", "nightly"))
 
 
+def test_only_final_releases_count_as_checked_builds() -> None:
+    """torch's own final builds, for any device, against snapshots of its main branch and local builds: those have
+    the minor release's number, not its internals."""
+    assert all(dr.final_release(v) for v in ("2.13.0", "2.13.0+cpu", "2.11.0+cu130", "2.12.1", "2.15.0+cu132",
+                                              "2.9.1+rocm6.4", "2.8.0+xpu", "2.14.1+cpu.cxx11.abi"))
+    assert not any(dr.final_release(v) for v in (
+        "2.15.0a0+gitecf3bae", "2.14.0.dev20260101+cpu", "2.13.0rc1", "2.13.0+git1234abc", "2.13.0+local",
+        "2.5.0a0+e000cf0ad9.nv24.10", "2.13.0.post1", "2.13.0b1", "2.13.0+cu130.gitabc", "nightly", ""))
+
+
 def test_the_report_line_counts_reuse_and_refusals() -> None:
     assert dynamo_reuse_text({"fxgraph_cache_hit": 3}) == ""
     line = dynamo_reuse_text({"dynamo_reused": 5, "dynamo_frames_reused": 7, "dynamo_traced": 2, "dynamo_stored": 2,
