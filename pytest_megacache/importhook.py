@@ -21,10 +21,9 @@ class _NotifyingLoader(importlib.abc.Loader):
     """Runs the real loader, then a callback with the freshly executed module; records how long the import
     took (``spans``: the perf_counter() interval, for the per-process times)."""
 
-    def __init__(self, inner: Any, after: Callable[[ModuleType], None], spans: list[tuple[float, float]]) -> None:
+    def __init__(self, inner: Any, hooks: list[PostImportHook]) -> None:
         self.inner = inner
-        self.after = after
-        self.spans = spans
+        self.hooks = hooks
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         module: ModuleType | None = self.inner.create_module(spec)
@@ -37,8 +36,11 @@ class _NotifyingLoader(importlib.abc.Loader):
             module.__spec__.loader = self.inner
         started = time.perf_counter()
         self.inner.exec_module(module)
-        self.spans.append((started, time.perf_counter()))
-        self.after(module)
+        ended = time.perf_counter()
+        for hook in self.hooks:
+            hook.spans.append((started, ended))
+        for hook in self.hooks:
+            hook._imported(module)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -47,7 +49,8 @@ class _NotifyingLoader(importlib.abc.Loader):
 class PostImportHook(importlib.abc.MetaPathFinder):
     """Calls ``after`` with the module ``fullname`` once it is imported, then leaves ``sys.meta_path``. A lookup
     that imports nothing (``importlib.util.find_spec``, as torch and this plugin ask whether Triton is installed)
-    leaves it in place for the import that follows."""
+    leaves it in place for the import that follows. Several hooks on one module all see its import: the first one
+    on ``sys.meta_path`` finds it, for every hook waiting for it then (the others' finders are never asked)."""
 
     def __init__(self, fullname: str, after: Callable[[ModuleType], None],
                  spans: list[tuple[float, float]] | None = None) -> None:
@@ -62,7 +65,8 @@ class PostImportHook(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _NotifyingLoader(spec.loader, self._imported, self.spans)
+        waiting = [hook for hook in sys.meta_path if isinstance(hook, PostImportHook) and hook.fullname == fullname]
+        spec.loader = _NotifyingLoader(spec.loader, waiting if self in waiting else [self, *waiting])
         return spec
 
     def _imported(self, module: ModuleType) -> None:
