@@ -143,23 +143,40 @@ def _torch_build() -> list[Any]:
     import torch  # only called from torch's own cpu_vec_isa: torch is imported
 
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-    return [str(torch.__version__), str(getattr(torch.version, "git_version", "")), torch_dir,
+    return [str(torch.__version__), str(getattr(torch.version, "git_version", "")), _where(torch_dir),
             _torch_libraries(torch_dir)]
+
+
+def _where(path: str, cwd: str | None = None) -> str:
+    """``path`` as the check's process finds it: relative where it is below the current directory (a checkout, and a
+    virtual environment inside it, in another runner's work folder is the same files there), else as it is."""
+    cwd = os.getcwd() if cwd is None else cwd
+    if os.path.isabs(path) and (rel := os.path.relpath(path, cwd)) != os.pardir and not rel.startswith(
+            os.pardir + os.sep):
+        return os.path.join(".", rel)
+    return path
+
+
+def _search_path(value: str | None, cwd: str | None = None) -> str | None:
+    """A search path variable's value, each of its folders as :func:`_where` gives it."""
+    return None if value is None else os.pathsep.join(_where(part, cwd) for part in value.split(os.pathsep))
 
 
 def loader_identity(template: str, env: dict[str, str] | None = None) -> str:
     """A hash of everything a successful load check depends on besides the library's own bytes: torch's check
     (its template), the torch build it loads against (version, git revision, install path, its libraries' names
-    and sizes), the interpreter, the C library, the machine and its CPU flags, and the loader's variables."""
+    and sizes), the interpreter, the C library, the machine and its CPU flags, and the loader's variables. A path
+    below the current directory counts relative to it (:func:`_where`): the same checkout in another folder takes
+    the records made in the first."""
     env = dict(os.environ if env is None else env)
     parts: dict[str, Any] = {
         "template": template,
         "torch": _torch_build(),
-        "python": [sys.executable, sys.version, sys.implementation.cache_tag],
+        "python": [_where(sys.executable), sys.version, sys.implementation.cache_tag],
         "libc": list(platform.libc_ver()),
         "machine": [sys.platform, platform.machine()],
         "cpu": _cpu_flags(),
-        "env": {name: env.get(name) for name in LOADER_ENV},
+        "env": {name: _search_path(env.get(name)) for name in LOADER_ENV},
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 

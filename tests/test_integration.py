@@ -40,6 +40,18 @@ def fingerprint_folder(run: Run) -> str:
     return f"{PREFIX}/main/{run.report['fingerprint']['key']}"
 
 
+def assert_all_reused(run: Run, frames: int) -> None:
+    """Every frame the session compiled was taken from the store: Dynamo traced none (torch's own record of its
+    traces, and no graph looked up), none was refused, and none was stored again."""
+    assert run.fx_misses == run.fx_hits == run.aot_misses == 0, run.counters
+    assert sum(run.counters["traces_per_test"].values()) == 0, run.counters
+    assert run.report is not None
+    counters = run.report["torch"]["counters"]
+    refused = {k: v for k, v in counters.items() if k.startswith("dynamo_refused_") and v}
+    assert (counters["dynamo_frames_reused"], counters["dynamo_traced"], refused) == (frames, 0, {}), counters
+    assert "torch/precompile" not in run.report["upload"]["new_entries"], run.report["upload"]
+
+
 def assert_all_hit(run: Run, graphs: int) -> None:
     run.result.assert_outcomes(passed=3)
     assert run.fx_misses == 0, run.counters
@@ -93,26 +105,34 @@ class S3Chain:
     project: TorchProject
     s3: S3Server
     bucket: str
+    # The same project checked out in another, deeper folder (another runner's work folder, ``job@2``): its sessions
+    # run there, with the same code
+    elsewhere: TorchProject | None = None
     runs: dict[str, Run] = field(default_factory=dict)
     objects: dict[str, list[str]] = field(default_factory=dict)  # the bucket's objects after each run
     planted: dict[str, bytes] = field(default_factory=dict)
 
-    def run(self, name: str, *args: str) -> Run:
-        self.runs[name] = run = self.project.run(*args)
+    def run(self, name: str, *args: str, project: TorchProject | None = None) -> Run:
+        self.runs[name] = run = (project or self.project).run(*args)
         self.objects[name] = objects(self.s3, self.bucket)
         return run
 
 
 @pytest.fixture(scope="class")
 def s3_chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> S3Chain:
+    """The sessions of a CI job on the plugin's defaults (Dynamo reuse on): a frame taken from the store never looks
+    its graphs up, so what the layers below Dynamo restore is read where a session traces (the cold, read-only and
+    write-only ones) and in the chains that turn reuse off."""
     bucket = s3_server.new_bucket()
-    project = TorchProject(path=removed_unless_failed(request, tmp_path_factory.mktemp("s3-chain")),
-                           env={**s3_server.env(), "MEGACACHE_BUCKET": bucket})
-    chain = S3Chain(project, s3_server, bucket)
+    base = removed_unless_failed(request, tmp_path_factory.mktemp("s3-chain"))
+    env = {**s3_server.env(), "MEGACACHE_BUCKET": bucket}
+    project = TorchProject(path=base / "work", env=env, dynamo_reuse=True)
+    chain = S3Chain(project, s3_server, bucket,
+                    TorchProject(path=base / "runner-2" / "_work" / "repo" / "repo", env=env, dynamo_reuse=True))
     chain.run("read", "-k", "test_f", "--megacache-mode", "read")  # on the empty bucket
     cold = chain.run("cold", "--megacache-durations=2")
-    chain.run("subset", "-k", "test_f")  # a fresh runner that runs a subset
-    chain.run("warm", "--megacache-durations=2")
+    chain.run("subset", "-k", "test_f", project=chain.elsewhere)  # a fresh runner, in another folder, runs a subset
+    chain.run("warm", "--megacache-durations=2", project=chain.elsewhere)
     if cold.report is not None:  # else the tests reading the cold run say why
         client = s3_server.client()
         chain.planted = _malformed_objects(cold.report["fingerprint"]["key"])
@@ -135,21 +155,25 @@ class TestS3Chain:
         cold.result.stdout.fnmatch_lines(["*megacache*", "fingerprint torch-*", "uploaded *new entries*"])
         assert len(s3_chain.objects["cold"]) == 1
 
-        # A fresh runner that runs a subset: everything it touches hits, and it must not shrink the cache.
+        # A fresh runner that runs a subset, checked out in another folder: everything it touches is taken from the
+        # store, and it must not shrink the cache (nor store a copy for its folder).
         subset = s3_chain.runs["subset"]
         subset.result.assert_outcomes(passed=1, deselected=2)
-        assert subset.fx_hits == 1 and subset.fx_misses == 0
+        assert_all_reused(subset, frames=1)
         assert subset.report and subset.report["upload"]["reason"] == "nothing new"
         assert len(s3_chain.objects["subset"]) == 1
 
+        # The whole selection there, the second run in that folder: every frame taken, nothing uploaded.
         warm = s3_chain.runs["warm"]
-        assert_all_hit(warm, graphs=2)
+        warm.result.assert_outcomes(passed=3)
+        assert_all_reused(warm, frames=2)
         assert warm.report is not None
         assert warm.report["restore"]["files_written"] > 0
         assert warm.report["load"]["ok"] is True
         assert warm.report["upload"]["objects"] == 0
         warm.result.stdout.fnmatch_lines(["restored 1/1 objects*", "loaded into torch:*",
-                                          "torch: FX graph 2 hit / 0 miss / 0 bypass*"])
+                                          "torch: FX graph 0 hit / 0 miss / 0 bypass, AOTAutograd 0 hit / 0 miss / 0 "
+                                          "bypass, Dynamo reuse 2 frames reused / 0 traced (100 % reused) / 0 refused*"])
 
 
     def test_durations_and_per_test_attribution(self, s3_chain: S3Chain) -> None:
@@ -164,13 +188,29 @@ class TestS3Chain:
             assert record["seconds"] > 0 and record["counters"]["fxgraph_cache_miss"] == 1
             assert any(a.startswith("inductor:") for a in record["artifacts"])
 
-        warm = s3_chain.runs["warm"]
-        assert warm.fx_misses == 0 and warm.fx_hits == 2
+        warm = s3_chain.runs["warm"]  # every frame taken from the store
+        assert warm.fx_misses == warm.fx_hits == 0
         warm.result.stdout.fnmatch_lines(["*of cold compiling saved*", "no test compiled anything uncached"])
         assert warm.report is not None
         saved = warm.report["torch"]["seconds_saved"]
         # What the warm run saved is what the cold run spent on those artifacts.
         assert 0 < saved <= sum(r["seconds"] for r in per_test.values()) + 0.01
+        # ... and it agrees with torch's own compile-time records (the project's conftest): what the warm run was spared
+        # is at least what it compiled less than the cold one (torch times a stored entry's load as a frame compile)
+        # and at most what the cold run compiled for the same tests (each variant's seconds are timed inside torch's
+        # timing of its frame). Both sides are one run's timings: a loaded machine slows both alike.
+        def within_torch_records(saved: float, cold_seconds: float, warm_seconds: float) -> bool:
+            return 0.75 * (cold_seconds - warm_seconds) <= saved <= 1.05 * cold_seconds + 0.05
+
+        cold_torch, warm_torch = cold.counters["compile_seconds"], warm.counters["compile_seconds"]
+        assert cold_torch - warm_torch > 0 and within_torch_records(saved, cold_torch, warm_torch), (
+            saved, cold_torch, warm_torch)
+        # A subset that takes one test's frame is spared that test's compiling, not the stored whole.
+        subset = s3_chain.runs["subset"]
+        assert subset.report is not None
+        saved_f, warm_f = subset.report["torch"]["seconds_saved"], subset.counters["compile_seconds"]
+        cold_f = cold.counters["compile_seconds_per_test"]["test_compiled.py::test_f"]
+        assert cold_f - warm_f > 0 and within_torch_records(saved_f, cold_f, warm_f), (saved_f, cold_f, warm_f)
 
 
     def test_corrupt_foreign_and_hostile_objects_are_refused_before_torch(self, s3_chain: S3Chain) -> None:
@@ -179,8 +219,9 @@ class TestS3Chain:
         assert len(bad) == 6 and "refusing" in s3_chain.runs
         warm = s3_chain.runs["refusing"]
         # The good object still serves the session; every bad one is refused and named, in the session's one warning.
+        # (Back in the first folder, after the runs in another: the frame is taken from the store there too.)
         assert warm.result.ret == 0
-        assert warm.fx_hits == 1 and warm.fx_misses == 0
+        assert_all_reused(warm, frames=1)
         refused = [line for line in warm.result.outlines if "MegacacheWarning: refused" in line]
         assert len(refused) == 1, warm.result.outlines
         joined = refused[0]

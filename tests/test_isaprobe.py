@@ -176,6 +176,29 @@ def test_anything_else_runs_the_check_again(tmp_path: Path, monkeypatch: pytest.
     assert isaprobe.counts()["run"] == 1 and isaprobe.counts()["reused"] == 0
 
 
+def test_the_same_checkout_in_another_folder_takes_the_records_made_in_the_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paths below the current directory (the project on PYTHONPATH, a virtual environment inside the checkout) count
+    relative to it; a path outside it, or another relative place, is another loader."""
+    first, second = tmp_path / "a" / "repo", tmp_path / "runner" / "_work" / "repo" / "repo"
+
+    def identity(cwd: Path, pythonpath: str) -> str:
+        with monkeypatch.context() as mp:
+            mp.chdir(cwd)
+            mp.setenv("PYTHONPATH", pythonpath)
+            mp.setattr(isaprobe.sys, "executable", str(cwd / ".venv" / "bin" / "python"))
+            return isaprobe.loader_identity(OLD_FORM)
+
+    for folder in (first, second):
+        folder.mkdir(parents=True)
+    here = identity(first, f"{first}{os.pathsep}{first / 'src'}")
+    assert identity(second, f"{second}{os.pathsep}{second / 'src'}") == here
+    assert identity(second, f"{second / 'lib'}{os.pathsep}{second / 'src'}") != here
+    assert identity(second, f"{first}{os.pathsep}{first / 'src'}") != here  # the first folder's files, from elsewhere
+    assert isaprobe._where("/opt/torch", str(first)) == "/opt/torch"
+    assert isaprobe._where(str(first.parent / "repo2"), str(first)) == str(first.parent / "repo2")
+
+
 def test_records_of_two_kinds_of_machine_live_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = CountingSubprocess()
     lib = library(tmp_path)

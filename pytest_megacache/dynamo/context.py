@@ -22,8 +22,13 @@ from .objects import describe
 # Where torch keeps the configuration that decides what Dynamo, AOTAutograd and Inductor build.
 CONFIG_MODULES = ("torch._dynamo.config", "torch._functorch.config", "torch._inductor.config")
 # Settings that decide how many processes compile, not what is compiled: the plugin itself compiles with one thread
-# where the restored cache covers the selection.
-NOT_COMPILED = frozenset({"compile_threads", "worker_start_method"})
+# where the restored cache covers the selection. And settings that hold where something is, which torch keeps out of
+# its own FX-graph key for that reason ("uses absolute path", Inductor's ``_cache_config_ignore_prefix``): CUTLASS's
+# folder below torch's install (another virtual environment's folder), or the current directory where its variable is
+# unset (``xpu.cutlass_dir`` is the real path of ""); in the key, a checkout in another folder, or a virtual
+# environment inside it, took nothing from the store. What the folder holds is torch's own, in the fingerprint.
+NOT_COMPILED = frozenset({"compile_threads", "worker_start_method", "cuda.cutlass_dir", "cutlass.cutlass_dir",
+                          "xpu.cutlass_dir"})
 
 
 def innermost_backend(compiler_fn: Any) -> Any:
