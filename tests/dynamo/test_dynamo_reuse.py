@@ -374,6 +374,10 @@ def recorded_by_backend(x):
 
 def grows(x):  # called with sizes the cold session never saw, after its stored variant was taken
     return torch.sin(x) + 2
+
+
+def seen_first(x):  # called warm with a size the cold session never saw, before the size it stored
+    return torch.cos(x) + 2
 """
 
 # A module that generates others from templates at run time; its compiled functions call into them.
@@ -721,6 +725,21 @@ def test_generated_module(tmp_path):
     same(generator.compiled_call, lambda x: generator.generated.kernel(x) + 1, X)
 
 
+def test_a_stored_size_after_a_size_never_stored():
+    from torch._dynamo.utils import counters
+
+    compiled = torch.compile(edits.seen_first)
+    before = counters["stats"]["unique_graphs"]
+    if VARIANT == 2:
+        # torch has noted size 6 when size 4 comes: it traces a dynamic graph, which size 9 then takes; the static
+        # variant stored for size 4 (traced where nothing was noted) is not what torch would compile here
+        same(compiled, edits.seen_first, torch.ones(6))
+    same(compiled, edits.seen_first, torch.ones(4))
+    if VARIANT == 2:
+        same(compiled, edits.seen_first, torch.ones(9))
+        assert counters["stats"]["unique_graphs"] - before == 2
+
+
 def test_generated_module_unchanged(tmp_path):
     generator.setup_stable(tmp_path)
     same(generator.compiled_stable, lambda x: generator.stable.kernel(x) + 1, X)
@@ -898,7 +917,7 @@ class TestDynamoReuse:
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
             failed = [line for line in run.result.outlines if line.startswith(("FAILED", "ERROR"))]
-            assert ran == (51 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
+            assert ran == (52 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -1051,6 +1070,13 @@ class TestDynamoReuse:
         test = "test_new_sizes_after_a_variant_taken_from_the_store"
         assert (_traces(cold, test), _traces(warm, test)) == (1, 1)
         assert (_graphs(cold, test), _graphs(warm, test)) == (1, 2)  # warm: the variant taken, then the dynamic graph
+        # Where torch's record holds another size than where the stored variant was traced, the variant is not taken:
+        # torch traces the static graph of the new size, then a dynamic one for the stored size (as without the
+        # plugin), which the third size takes; taken, the static variant made the third size's trace a third graph.
+        test = "test_a_stored_size_after_a_size_never_stored"
+        assert (_traces(cold, test), _traces(warm, test)) == (1, 2), (_traces(cold, test), _traces(warm, test))
+        assert (_graphs(cold, test), _graphs(warm, test)) == (1, 2)
+        assert _counters(warm)["dynamo_refused_shapes_seen"] >= 1
 
     def test_a_rebound_global_is_refused(self, reuse_chain: ReuseChain) -> None:
         c = _counters(reuse_chain.runs["warm"])
@@ -1078,6 +1104,11 @@ class TestDynamoReuse:
         test = "test_generated_module_called_before_it_exists"
         assert (_compiles(cold, test), _compiles(warm, test)) == (2, 1)
         assert _counters(warm)["dynamo_refused_missing_module"] >= 1
+        # what that frame traced while its entry waited for the module is what the entry holds (but for addresses in
+        # torch's guard state): not written, or the entry would be merged and stored again at every warm run
+        name = b"compiled_before_and_after"
+        stored = _copies(reuse_chain.after_cold, name)
+        assert len(stored) == 1 and _copies(reuse_chain.stored_precompile(), name) == stored
 
     def test_the_seconds_saved_count_the_dynamo_entries_taken(self, reuse_chain: ReuseChain) -> None:
         """Each stored variant carries what its trace and compile took (written at the session's end, outside any
