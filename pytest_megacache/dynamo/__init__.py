@@ -43,7 +43,6 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import re
 import sys
 import time
 from typing import Any
@@ -52,7 +51,7 @@ from . import repairs
 from .backends import backends_recorded_once, eager_graphs_stored, wrapped_after_backend
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, effects_of, failed_load_contained, watch_warnings
-from .merge import enterable_codes, entry_signature, packages_merged, stored_code
+from .merge import enterable_codes, entry_signature, merged_copies, packages_merged, stored_code
 from .objects import importable, missing_module
 from .offers import NEW, UNSTABLE, Offer, Offers, offer_where_traced, offered_seconds, spared_seconds
 from .proofs import (
@@ -69,18 +68,13 @@ from .proofs import (
     tag_of_test,
     unpack_guards,
 )
+from .releases import CHECKED_RELEASES, MERGED_RELEASES, final_release, release_checked
 from .shapes import watch_shapes
 
-__all__ = ["CHECKED_RELEASES", "COUNTERS", "before_first_load", "final_release", "install", "offered_seconds",
-           "refusal_reasons", "release_checked", "set_test", "spared_seconds", "used_entries"]
+__all__ = ["CHECKED_RELEASES", "COUNTERS", "MERGED_RELEASES", "before_first_load", "final_release", "install",
+           "merged_copies", "offered_seconds", "refusal_reasons", "release_checked", "set_test", "spared_seconds",
+           "used_entries"]
 
-# Minor releases whose caching-precompile internals these wrappers were written against and run on (the cold/warm
-# chain of code edits against eager, the version suite's reuse tier): 2.11 on an H100 host and on CPU, 2.12 to 2.15
-# on CPU. 2.7 to 2.10 have other pieces.
-CHECKED_RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
-# Where the packages of one function recorded by several wrappers are merged into one entry (run on 2.13; on 2.11,
-# an H100 host, the merged entries' backends were not found at load).
-MERGED_RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
 # Identity guards kept and proven (torch 2.13 refuses to serialize them, or drops them from the live guards).
 PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "CLASS_MATCH",
                              "BUILTIN_MATCH"})
@@ -92,26 +86,6 @@ REFUSALS = ("code_changed", "collision", "unsupported_guard", "unsupported_backe
             "load_failed", "no_backend", "shapes_seen")
 COUNTERS = ("dynamo_reused", "dynamo_frames_reused", "dynamo_traced", "dynamo_stored",
             *(f"dynamo_refused_{r}" for r in REFUSALS))
-
-
-def release_checked(version: str, releases: tuple[str, ...] = CHECKED_RELEASES) -> bool:
-    """Whether ``version`` is one of ``releases`` (minor releases; by default those these wrappers were checked on)."""
-    match = re.match(r"(\d+)\.(\d+)", version)
-    return bool(match) and f"{match.group(1)}.{match.group(2)}" in releases  # type: ignore[union-attr]
-
-
-# The local labels of torch's own final builds (``2.13.0+cpu``, ``2.11.0+cu130``, ``2.9.1+rocm6.4``, ``2.8.0+xpu``):
-# the same release built for another device. Any other label (``+gitecf3bae``, ``+nv24.10``) is a build of its own.
-_OFFICIAL_LABEL = r"(?:cpu|cu\d+|rocm\d+(?:\.\d+)*|xpu|cpu[.\-_]cxx11[.\-_]abi)"
-_FINAL = re.compile(rf"\d+\.\d+(?:\.\d+)?(?:\+{_OFFICIAL_LABEL})?")
-
-
-def final_release(version: str) -> bool:
-    """Whether ``version`` is a final release as torch publishes it, not a pre-release (``2.15.0a0+gitecf3bae``,
-    ``2.14.0.dev20260101+cpu``, ``2.13.0rc1``) or a local build (``2.13.0+git1234abc``): those carry torch's main
-    branch, or a change of someone's, at some point between two releases, whose internals the wrappers were never run
-    on."""
-    return _FINAL.fullmatch(version.strip()) is not None
 
 
 # --- the wrappers over torch's pieces ---------------------------------------------------------------------------

@@ -224,3 +224,102 @@ def stored_code(entry: Any) -> Any:
     from torch._dynamo.package import SerializedCode
 
     return SerializedCode.to_code_object(entry.python_code)
+
+
+def merged_copies(copies: list[bytes]) -> bytes | None:
+    """One stored Dynamo entry (torch's pickled ``PrecompileCacheEntry``, as :func:`pytest_megacache.dynamo.install`'s
+    ``write_each`` writes it) holding every variant of ``copies``: entries of one key that several processes wrote
+    (xdist workers, each from the same stored entry and what it traced besides), merged as :func:`packages_merged`
+    merges one process's packages (:func:`_merged`, :func:`_pruned`). The same bytes whatever the order of ``copies``:
+    they are taken in the order of their bytes, and where one of them already holds every variant, its bytes are the
+    result. None where they cannot be one entry: other main code, a global name that two of their codes (or imports)
+    would both take, or a graph a variant calls that no copy holds. Imports torch; raises where a copy does not
+    unpickle (:func:`_unpickled`: no module of the project is imported, and no graph's code runs, to read one)."""
+    import pickle
+
+    ordered = sorted(set(copies))
+    entries = [_unpickled(data) for data in ordered]
+    dynamos = [entry.dynamo for entry in entries]
+    main = dynamos[0].codes[0]
+    digest = code_digest(stored_code(main))
+    if any(code_digest(stored_code(d.codes[0])) != digest or d.codes[0].python_module != main.python_module
+           for d in dynamos[1:]):
+        return None
+    merged = _pruned(_merged(dynamos))
+    if _clashes(merged.codes):
+        return None
+    backends: dict[Any, Any] = {}
+    for entry in entries:
+        for backend_id, backend in entry.backends.items():
+            backends.setdefault(backend_id, backend)
+    used = {backend_id for code in merged.codes if not code.bypassed for backend_id in code.backend_ids}
+    if not used <= backends.keys():
+        return None
+    backends = {backend_id: backend for backend_id, backend in backends.items() if backend_id in merged.backend_ids}
+    signature = entry_signature(merged)
+    for data, entry in zip(ordered, entries, strict=True):
+        if signature is not None and entry_signature(entry.dynamo) == signature and entry.backends.keys() == backends.keys():
+            return data  # one copy holds every other's variants already: it stays as it was written
+    from .repairs import module_texts_left_out
+
+    return pickle.dumps(module_texts_left_out(dataclasses.replace(entries[0], dynamo=merged, backends=backends)))
+
+
+def _clashes(codes: list[Any]) -> bool:
+    """Whether two of ``codes`` (a merged entry's) would install different objects under one global name of a module:
+    a function name (a resume function) given to two codes, or an import alias to two modules. torch numbers such
+    names per process, so two processes may give one name to two different resume functions; installed together,
+    a variant would call the other one."""
+    owners: dict[tuple[str, str], Any] = {}
+    for code in codes:
+        named = [(name, ("code", stored_code(code))) for name in code.function_names] if code.install_to_global else []
+        named += [(alias, ("module", module)) for alias, module in code.import_sources.items()]
+        for name, owner in named:
+            if owners.setdefault((code.python_module, str(name)), owner) != owner:
+                return True
+    return False
+
+
+# Top-level packages whose modules an entry's pickle may import where it is read apart from the process that wrote it
+# (torch's classes: its entry, its compiled graphs' records; sympy's expressions of symbolic shapes; the plugin's own
+# records of graphs, :mod:`pytest_megacache.dynamo.eager`).
+_IMPORTABLE = frozenset({"torch", "sympy", "pytest_megacache"})
+# torch's functions that a pickle calls to rebuild an object by running code: a graph module runs its generated code
+# and the imports it names (a project's module among them). Such an object is kept as the call, never made.
+_NOT_RUN = frozenset({("torch.fx.graph_module", "reduce_graph_module"),
+                      ("torch.fx.graph_module", "reduce_package_graph_module")})
+
+
+class _Call:
+    """What ``function(*args)`` would have made, as that call: written back as it was read."""
+
+    def __init__(self, function: Any, *args: Any) -> None:
+        self.function, self.args = function, args
+
+    def __reduce__(self) -> Any:
+        return self.function, self.args
+
+
+def _unpickled(data: bytes) -> Any:
+    """A stored entry read without running anything of the project: a class or function of a module neither torch's
+    nor the plugin's nor imported already is refused (pickle.UnpicklingError), a graph module is not rebuilt
+    (:data:`_NOT_RUN`), and the globals of a module that a variant's code makes a function from
+    (:func:`pytest_megacache.dynamo.repairs.module_globals`) are read as the module's name: each is written back as it
+    was."""
+    import functools
+    import io
+    import pickle
+    import sys
+
+    from . import repairs
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) == (repairs.__name__, "module_globals"):
+                return repairs._ModuleGlobals
+            if module not in sys.modules and module.partition(".")[0] not in _IMPORTABLE:
+                raise pickle.UnpicklingError(f"{module} is not imported here")
+            found = super().find_class(module, name)
+            return functools.partial(_Call, found) if (module, name) in _NOT_RUN else found
+
+    return Unpickler(io.BytesIO(data)).load()

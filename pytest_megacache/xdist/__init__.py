@@ -160,6 +160,8 @@ class Controller(Role):
         cs, takeover = self.session, self.takeover
         if cs is None or takeover is None:
             return
+        with self.contained("merging the xdist workers' Dynamo entries"):
+            takeover.merge_dynamo()
         for problem in takeover.problems:
             cs.problem(problem)
         self.notes.extend(note for note in takeover.notes if note not in self.notes)

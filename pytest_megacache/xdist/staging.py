@@ -19,6 +19,7 @@ import os
 import socket
 import stat
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,9 @@ class Takeover:
         self.scratch_dir = scratch_dir  # where the files workers hand over go (the session's scratch directory)
         self.entries = Entries()
         self.profiles: dict[tuple[str, str], list[Entry]] = {}  # every worker's copy: merged at the end
+        self.dynamo: dict[tuple[str, str], list[Entry]] = {}  # every worker's copy of each Dynamo entry (merge_dynamo)
+        self.dynamo_merged = 0  # Dynamo entries handed over by several workers, stored as one holding all their variants
+        self.dynamo_unmerged = 0  # and those of which one worker's copy is stored (merge_dynamo says why)
         self.torch: list[dict[str, Any]] = []  # each worker's torch figures
         self.times: list[ProcessTimes] = []  # where each worker's seconds went
         self.lost: list[str] = []
@@ -207,6 +211,8 @@ class Takeover:
                 if entry.kind in bundlemod.MUTABLE_KINDS:
                     self.profiles.setdefault(entry.ident, []).append(entry)
                 else:
+                    if entry.kind == bundlemod.PRECOMPILE_KIND:
+                        self.dynamo.setdefault(entry.ident, []).append(entry)
                     self.entries.add(entry)
         except Exception as exc:  # noqa: BLE001 - OSError, BundleError or whatever a broken hand-over provokes
             self.problems.append(f"xdist worker {worker}'s artifacts were refused: {type(exc).__name__}: "
@@ -228,6 +234,46 @@ class Takeover:
         if self.selection is None and output.get("selection"):
             # Every worker collects the whole selection: the first one's digest is the session's.
             self.selection = str(output["selection"])
+
+    def merge_dynamo(self, merge: Callable[[list[bytes]], bytes | None] | None = None) -> None:
+        """Each Dynamo entry that workers handed over in different copies (each worker traced other variants of one
+        function, beside those of the stored entry) stored as one holding every copy's variants (``merge``: by default
+        :func:`pytest_megacache.dynamo.merged_copies`, which imports torch: only where there are such copies).
+        Keeping one worker's copy lost the others' variants: traced again in the next run, and lost again. Where
+        copies cannot be merged, the first worker's is kept, as the ``(kind, name)`` union keeps it; said once."""
+        errors: list[str] = []
+        for ident, copies in self.dynamo.items():
+            if len(copies) < 2:  # one worker's: as it came, never read here
+                continue
+            distinct = list(dict.fromkeys(entry.data for entry in copies))
+            if len(distinct) < 2:
+                continue
+            try:
+                if merge is None:
+                    from ..dynamo import merged_copies
+
+                    merge = merged_copies
+                with warnings.catch_warnings():  # torch's own, imported here: not this session's tests'
+                    warnings.simplefilter("ignore")
+                    merged = merge(distinct)
+            except Exception as exc:  # noqa: BLE001 - whatever torch or a copy's bytes raise: one copy is kept
+                merged = None
+                errors.append(f"{type(exc).__name__}: {redact_cut(str(exc))}")
+            if merged is None:
+                self.dynamo_unmerged += 1
+                continue
+            self.entries.merge([Entry(ident[0], ident[1], merged, copies[0].mode)])
+            self.dynamo_merged += 1
+        if not self.dynamo_unmerged:
+            return
+        count = self.dynamo_unmerged
+        what = (f"{count} Dynamo entr{'y' if count == 1 else 'ies'} traced in several xdist workers not merged "
+                "({}); one worker's copy of each is stored, and the variants the others traced are traced again in "
+                "the next run")
+        if errors:  # a fault: said as a problem
+            self.problems.append(what.format(f"first: {errors[0]}"))
+        else:  # torch named a resume function alike in two workers, say: the next run's names differ
+            self.notes.append(what.format("their copies hold other code, or give one global name to two objects"))
 
     @property
     def single_thread(self) -> bool:

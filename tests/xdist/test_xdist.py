@@ -1,7 +1,8 @@
 """pytest-xdist and concurrent sessions, with real torch.compile and a real S3 server (moto, over HTTP).
 
-- ``-n 2``: the controller fetches once, workers compile into their own directories, one merged upload;
-  a warm ``-n 2`` run on fresh directories hits everything and downloads one object once.
+- ``-n 2``: the controller fetches once, workers compile into their own directories, one merged upload (the
+  workers' copies of one function's Dynamo entry merged into one); a warm ``-n 2`` run on fresh directories hits
+  everything, traces nothing and downloads one object once, and a second one uploads nothing either.
 - a crashed worker loses only its own new artifacts, and the summary says so;
 - K = 4 sessions started at once against one bucket, each compiling something else: a warm session that
   runs all of them misses nothing.
@@ -66,19 +67,60 @@ LEFT_OUT = textwrap.dedent("""
     """)
 
 
+# One function traced with a float32 input in one worker and with a float64 input in the other: first in the module,
+# so that --dist loadgroup starts each group on a worker of its own.
+TWO_DTYPES = textwrap.dedent("""
+    import pytest
+    import torch
+
+    @torch.compile
+    def scaled(x):
+        return torch.cos(x) * 5
+
+    @pytest.mark.xdist_group("x")
+    def test_scaled_float32():
+        assert torch.allclose(scaled(torch.zeros(4)), torch.full((4,), 5.0))
+
+    @pytest.mark.xdist_group("y")
+    def test_scaled_float64():
+        assert torch.allclose(scaled(torch.zeros(4, dtype=torch.float64)), torch.full((4,), 5.0, dtype=torch.float64))
+    """)
+
+
+def dynamo_variants(blob: bytes, name: bytes) -> list[int]:
+    """For each stored Dynamo entry of the function ``name`` (its pickled name is in its entry's bytes) in the object
+    ``blob``: how many variants it holds (each stored variant's guards start with the plugin's header)."""
+    marker = b"\x8c" + bytes([len(name)]) + name + b"\x94"
+    return [entry.data.count(b"megacache-guards-") for entry in bundlemod.decode(blob)[1]
+            if entry.kind == "torch/precompile" and marker in entry.data]
+
+
 def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytester, s3_server: S3Server,
                                                          bucket_env: dict[str, str]) -> None:
-    project = TorchProject(pytester, env=bucket_env, tests=compiled_tests(FOUR) + LEFT_OUT)
+    """With Dynamo reuse (the default): a frame taken from the store never looks its graphs up, so each graph is taken
+    again either way (an FX-graph hit, or its frame reused). Each worker's copy of one function's Dynamo entry holds the
+    variants it traced: the controller stores one entry holding both, which a warm run takes whole."""
+    lambdas = FOUR[:2]  # with the two variants of one function: as many graphs as the four of the other tests
+    project = TorchProject(pytester, env=bucket_env, tests=TWO_DTYPES + compiled_tests(lambdas) + LEFT_OUT,
+                           dynamo_reuse=True)
     per_worker: dict[str, str | None] = {"TORCHINDUCTOR_CACHE_DIR": None}  # the default: under TMPDIR
-    cold = project.run("-n", "2", env=per_worker)
-    cold.result.assert_outcomes(passed=5)
-    assert cold.fx_misses == 4, cold.counters
+    args = ("-n", "2", "--dist", "loadgroup", "-v")
+    graphs = 2 + len(lambdas)
+    cold = project.run(*args, env=per_worker)
+    cold.result.assert_outcomes(passed=graphs + 1)
+    ran_on = {line.split("]")[0] for line in cold.result.outlines if "PASSED" in line and "test_scaled_" in line}
+    assert len(ran_on) == 2, cold.result.outlines  # the precondition: each dtype traced in a worker of its own
+    assert cold.fx_misses == graphs, cold.counters
     assert cold.report is not None
     xd = cold.report["xdist"]
     assert (xd["role"], xd["workers"], xd["lost"], sorted(xd["per_worker"])) == ("controller", 2, [], ["gw0", "gw1"])
     assert cold.report["upload"]["objects"] == 1  # one merged upload by the controller
-    assert cold.report["torch"]["counters"]["fxgraph_cache_miss"] == 4  # the workers' counters, summed
-    assert cold.report["upload"]["new_entries"]["torch/inductor"] == 4
+    assert cold.report["torch"]["counters"]["fxgraph_cache_miss"] == graphs  # the workers' counters, summed
+    assert cold.report["torch"]["counters"]["dynamo_traced"] == graphs
+    assert cold.report["upload"]["new_entries"]["torch/inductor"] == graphs
+    assert cold.report["upload"]["new_entries"]["torch/precompile"] == len(lambdas) + 1  # one per function
+    assert not [p for p in cold.report["problems"] if "not merged" in p] and not [
+        n for n in cold.report["notes"] if "not merged" in n], (cold.report["problems"], cold.report["notes"])
     # Each worker compiled into its own Inductor directory, never the shared default one.
     dirs = sorted(p.name.rsplit("-", 1)[-1] for p in (cold.root / "tmp").glob("torchinductor_*-gw*"))
     assert dirs == ["gw0", "gw1"], list((cold.root / "tmp").iterdir())
@@ -89,6 +131,8 @@ def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytest
     blob = s3_server.client().get_object(Bucket=bucket_env["MEGACACHE_BUCKET"], Key=stored)["Body"].read()
     producer = bundlemod.decode_header(blob)[0].extra["producer"]
     assert len(producer["selection"]) == 32  # from the workers' collection: lets a warm run spare the pool
+    # One entry for the function, holding the variant each worker traced.
+    assert dynamo_variants(blob, b"scaled") == [2]
     # Each worker's own times travel to the controller's report; the controller compiles nothing itself.
     processes = {p["process"]: p for p in cold.report["processes"]}
     assert sorted(processes) == ["controller", "gw0", "gw1"]
@@ -99,26 +143,29 @@ def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytest
     assert re.fullmatch(r"\[gw[01]\] 1 file\(s\) \(\d+ B\) left out of the upload, first zz/odd name\.so: name not portable",
                         left_out), left_out
 
-    warm = project.run("-n", "2", env=per_worker)
-    warm.result.assert_outcomes(passed=5)
-    assert warm.fx_misses == 0 and warm.fx_hits == 4, warm.counters
-    assert warm.report is not None
     size = s3_server.client().head_object(Bucket=bucket_env["MEGACACHE_BUCKET"], Key=stored)["ContentLength"]
-    assert warm.report["restore"]["bytes_fetched"] == size  # the controller fetched the one object once
-    assert warm.report["upload"]["reason"] == "nothing new"
-    assert mcb(s3_server, bucket_env["MEGACACHE_BUCKET"]) == [stored]
-    # The session's figures are its workers': each restored the compiled files into its own directory, loaded the
-    # torch artifacts and, the staged object naming this selection, compiled with one thread (the controller does
-    # none of it).
+    for which in ("warm", "warm again"):
+        warm = project.run(*args, env=per_worker)
+        warm.result.assert_outcomes(passed=graphs + 1)
+        assert warm.report is not None
+        counters = warm.report["torch"]["counters"]
+        # every graph taken again, its frame from the store or its FX graph; no frame traced (either dtype's included)
+        assert counters["fxgraph_cache_miss"] == 0, (which, counters)
+        assert counters["fxgraph_cache_hit"] + counters["dynamo_frames_reused"] == graphs, (which, counters)
+        assert counters["dynamo_traced"] == 0, (which, counters)
+        assert warm.report["restore"]["bytes_fetched"] == size  # the controller fetched the one object once
+        assert warm.report["upload"]["reason"] == "nothing new", (which, warm.report["upload"])
+        assert mcb(s3_server, bucket_env["MEGACACHE_BUCKET"]) == [stored]
+    # The session's figures are its workers': each restored the compiled files into its own directory and loaded the
+    # torch artifacts; neither compiled anything, so neither started a compile pool (the controller does none of it).
     rows = warm.report["xdist"]["per_worker"]
     assert sorted(rows) == ["gw0", "gw1"] and all(row["files_written"] > 0 for row in rows.values()), rows
+    assert warm.report["torch"]["compiles"] == 0 and all(row["compiles"] == 0 for row in rows.values()), rows
     written = warm.report["restore"]["files_written"]
     assert written == sum(row["files_written"] for row in rows.values())
-    assert warm.report["load"]["workers"] == 2 and warm.report["load"]["artifacts"]["inductor"] == 2 * 4
-    assert all(row["single_compile_thread"] for row in rows.values()) and warm.report["torch"]["single_compile_thread"]
+    assert warm.report["load"]["workers"] == 2 and warm.report["load"]["artifacts"]["inductor"] == 2 * graphs
     warm.result.stdout.fnmatch_lines([f"restored 1/1 objects*; {written} files written by 2 xdist workers*",
-                                      "loaded into torch by 2 xdist workers: inductor 8*",
-                                      "*; one compile thread in every xdist worker (the cache covers its tests)"])
+                                      f"loaded into torch by 2 xdist workers: inductor {2 * graphs}*"])
 
 
 CRASHING = compiled_tests(["a", "c"]) + textwrap.dedent("""

@@ -71,3 +71,66 @@ def test_the_workers_notes_are_said_once() -> None:
     takeover.take("gw1", {"notes": [note, 42], "problems": []}, None)
     assert takeover.notes == [note, "only gw0's"]
     assert takeover.problems == ["[gw0] a fault"]
+
+
+DYNAMO = "torch/precompile"
+
+
+def handed(worker: str, *entries: Entry) -> dict[str, object]:
+    """A worker's workeroutput value for ``entries`` (sent as bytes, as to a worker on another host)."""
+    return {**xdist.hand_over(None, worker, Entries(entries), FP), "problems": []}
+
+
+def test_the_workers_copies_of_one_dynamo_entry_are_merged_once_in_any_order() -> None:
+    """Each worker traced other variants of one function: the controller stores one entry holding both copies'
+    (the merge is handed every distinct copy once, and only where there are two); an entry one worker handed over, or
+    several handed over alike, is stored as it came, and other kinds keep the first copy."""
+    key, alone, alike = "a" * 64, "b" * 64, "c" * 64
+    graph = "fa" + "a" * 50
+    calls: list[list[bytes]] = []
+
+    def merge(copies: list[bytes]) -> bytes:
+        calls.append(list(copies))
+        return b"+".join(sorted(copies))
+
+    for order in (("gw0", "gw1"), ("gw1", "gw0")):
+        outputs = {"gw0": handed("gw0", Entry(DYNAMO, key, b"float32"), Entry(DYNAMO, alike, b"same"),
+                                 Entry(DYNAMO, alone, b"only gw0's"), Entry("torch/inductor", graph, b"gw0's graph")),
+                   "gw1": handed("gw1", Entry(DYNAMO, key, b"float64"), Entry(DYNAMO, alike, b"same"),
+                                 Entry("torch/inductor", graph, b"gw1's graph"))}
+        takeover = xdist.Takeover(FP)
+        for worker in order:
+            takeover.take(worker, outputs[worker], None)
+        calls.clear()
+        takeover.merge_dynamo(merge)
+        assert [sorted(copies) for copies in calls] == [[b"float32", b"float64"]]
+        stored = {entry.name: entry.data for entry in takeover.entries}
+        assert stored == {key: b"float32+float64", alike: b"same", alone: b"only gw0's",
+                          graph: f"{order[0]}'s graph".encode()}
+        assert (takeover.dynamo_merged, takeover.dynamo_unmerged, takeover.problems, takeover.notes) == (1, 0, [], [])
+
+
+def test_copies_that_cannot_be_merged_keep_the_first_and_say_so_once() -> None:
+    """A merge that refuses (other code, one name for two objects) or fails keeps the first worker's copy, as before;
+    each entry is counted, and said once: a failure as a problem, a refusal as a note."""
+    keys = ["a" * 64, "b" * 64]
+
+    def take_both() -> xdist.Takeover:
+        takeover = xdist.Takeover(FP)
+        for worker in ("gw0", "gw1"):
+            takeover.take(worker, handed(worker, *(Entry(DYNAMO, key, f"{worker} {key[0]}".encode()) for key in keys)),
+                          None)
+        return takeover
+
+    def fails(copies: list[bytes]) -> bytes:
+        raise RuntimeError("torch refused it")
+
+    for merge, problems, notes in ((fails, 1, 0), (lambda copies: None, 0, 1)):
+        takeover = take_both()
+        takeover.merge_dynamo(merge)
+        assert {entry.name: entry.data for entry in takeover.entries} == {key: f"gw0 {key[0]}".encode() for key in keys}
+        assert (takeover.dynamo_merged, takeover.dynamo_unmerged) == (0, 2)
+        assert (len(takeover.problems), len(takeover.notes)) == (problems, notes), (takeover.problems, takeover.notes)
+        said = (takeover.problems + takeover.notes)[0]
+        assert said.startswith("2 Dynamo entries traced in several xdist workers not merged"), said
+        assert ("torch refused it" in said) == bool(problems), said
