@@ -60,6 +60,7 @@ COUNTERS_CONFTEST = textwrap.dedent(
 
     _graphs = {}  # test id: the graphs counted while it ran (torch's own count, not the plugin's)
     _traces = {}  # test id: the frames Dynamo traced while it ran (torch's timings of a trace's first attempt)
+    _seconds = {}  # test id: what torch's own records say its frames' compiles took while it ran
 
     def _unique_graphs():
         utils = sys.modules.get("torch._dynamo.utils")
@@ -69,13 +70,20 @@ COUNTERS_CONFTEST = textwrap.dedent(
         utils = sys.modules.get("torch._dynamo.utils")
         return len(utils.compilation_time_metrics.get("compile_attempt_0", [])) if utils is not None else 0
 
+    def _compiled():
+        # torch's timing of each frame's whole compile (trace, backend, guards): its "entire_frame_compile"
+        utils = sys.modules.get("torch._dynamo.utils")
+        return utils.compilation_time_metrics.get("_compile.compile_inner", []) if utils is not None else []
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(item):
-        before, traced = _unique_graphs(), _traced()
+        before, traced, compiled = _unique_graphs(), _traced(), len(_compiled())
         yield
         _graphs[item.nodeid] = _unique_graphs() - before
         now = _traced()
         _traces[item.nodeid] = now - traced if now >= traced else now  # cleared by torch._dynamo.reset()
+        times = _compiled()
+        _seconds[item.nodeid] = sum(times[compiled:] if len(times) >= compiled else times)
 
     def pytest_sessionfinish(session):
         out = os.environ.get("TEST_COUNTERS_OUT")
@@ -92,6 +100,8 @@ COUNTERS_CONFTEST = textwrap.dedent(
             doc["stats"] = dict(counters["stats"])  # its graphs (unique_graphs), calls captured
             doc["graphs_per_test"] = _graphs
             doc["traces_per_test"] = _traces
+            doc["compile_seconds_per_test"] = _seconds
+            doc["compile_seconds"] = sum(_compiled())  # the session's, from torch's records (a reset clears them)
         with open(out, "w") as fh:
             json.dump(doc, fh)
     """

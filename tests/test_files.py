@@ -271,9 +271,11 @@ def test_a_restore_moves_scratch_files_into_place_and_reads_them_from_there(root
     write(root.path / "ab" / "same.so", elf(b"same"))
     write(root.path / "ab" / "other.so", elf(b"else"))  # another writer's bytes: its place is not this entry's
     kept = other.path
+    scratch_inode = os.stat(str(new.path)).st_ino
     assert root.restore([new, same, other], move=True) == (1, 2)
     placed = root.path / "ab" / "new.so"
     assert new.path == str(placed) and placed.stat().st_nlink == 1 and stat.S_IMODE(placed.stat().st_mode) == 0o755
+    assert placed.stat().st_ino == scratch_inode  # the scratch file itself, under its new name: no copy was made
     assert same.path == str(root.path / "ab" / "same.so") and other.path == kept
     assert [p.name for p in scratch.iterdir()] == [Path(kept).name]
     assert (new.data, same.data, other.data) == (elf(b"new"), elf(b"same"), elf(b"mine"))

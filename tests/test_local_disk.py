@@ -313,14 +313,27 @@ def test_a_file_left_out_of_the_upload_is_one_warning_and_a_summary_line(
 def test_restored_files_are_held_once_and_a_merge_never_stores_one_changed_in_its_place(
         tmpdir_: Path, tmp_path: Path) -> None:
     """A warm session holds no copy of what it wrote into its cache directory (it reads the files there when it
-    merges). A test that rewrote a restored file in place (the same size) does not get its bytes stored under the
-    restored name: that merge is skipped, the new entries are stored alone, and nothing stored is deleted."""
+    merges): the file in place is the scratch file the restore decoded, under a second name, never a copy of it. A
+    test that rewrote a restored file in place (the same size) does not get its bytes stored under the restored name:
+    that merge is skipped, the new entries are stored alone, and nothing stored is deleted."""
     store = cold_store(tmp_path)
     warm = CacheSession(store_factory=lambda: store, folder=f"pytest-megacache/{FP}", fingerprint=FP,
                         roots=[FileRoot("inductor", tmp_path / "warm")], reads=True, writes=True, compact_after=1)
-    warm.start_restore(background=False)
+    decoded: set[int] = set()  # the inodes of the scratch files the restore decoded entries into
+    real = tempfile.mkstemp
+
+    def mkstemp(suffix: Any = None, prefix: Any = None, dir: Any = None, text: bool = False) -> tuple[int, str]:
+        fd, path = real(suffix, prefix, dir, text)
+        if suffix == ".entry":
+            decoded.add(os.fstat(fd).st_ino)
+        return fd, path
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tempfile, "mkstemp", mkstemp)
+        warm.start_restore(background=False)
     placed = tmp_path / "warm" / "ab" / "cabc.so"
     assert placed.read_bytes() == fake_elf(b"k" * 1000) and scratch_files(tmpdir_) == []
+    assert placed.stat().st_ino in decoded, "the restored file is a copy of its scratch file"
     placed.write_bytes(fake_elf(b"j" * 1000))
     warm.finish(FakeTorch([KEY_A, KEY_B]))  # type: ignore[arg-type]
     assert warm.problems == [] and warm.upload_stats.objects == 1 and warm.upload_stats.compacted == 0

@@ -2,15 +2,19 @@
 
 The plugin used to set TORCH_COMPILE_JOB_ID, which turns on torch's dynamic-shape profiles: a profile survives
 ``torch._dynamo.reset()``, so two independent tests compiling one function with different shapes compiled
-``[static, static]`` without the plugin and ``[static, dynamic]`` with it. Here a recording backend (Inductor
-underneath, so the caches are the real ones) writes down every graph Dynamo hands it, and the three runs must
-agree graph for graph."""
+``[static, static]`` without the plugin and ``[static, dynamic]`` with it. Here the tests compile with torch's own
+backend (Inductor), so the warm run takes every frame from the store (Dynamo reuse) instead of tracing it, and what
+each test ends up with is read from Dynamo's cache of the function after each call: every compiled variant, as the
+input sizes its guards accept (a static graph one size, a dynamic graph a range), and the call's result. The three
+runs must agree call for call. A stored dynamic variant accepts the sizes of the static ones too: where a fresh
+trace would be static, taking it would change the graphs."""
 
 from __future__ import annotations
 
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,26 +28,26 @@ SHAPES = textwrap.dedent(
     import json, os
 
     import torch
-    from torch._inductor.compile_fx import compile_fx
-
-    def recording(gm, example_inputs):
-        symbolic = [str(type(x).__name__) for x in example_inputs if isinstance(x, torch.SymInt)]
-        with open(os.environ["GRAPHS_OUT"], "a") as fh:
-            fh.write(json.dumps({"code": gm.code, "symbolic_inputs": symbolic,
-                                 "shapes": [list(map(str, x.shape)) for x in example_inputs
-                                            if isinstance(x, torch.Tensor)]}) + "\\n")
-        return compile_fx(gm, example_inputs)
 
     def f(x):
         return torch.sin(x) + x.sum()
 
-    def test_small():
+    def compile_and_record(test, sizes):
         torch._dynamo.reset()
-        assert torch.compile(f, backend=recording)(torch.zeros(4)).shape == (4,)
+        compiled = torch.compile(f)
+        for n in sizes:
+            out = compiled(torch.arange(n, dtype=torch.float32))
+            variants = [[p for p in range(1, 13) if entry.guard_manager.check({"x": torch.zeros(p)})]
+                        for entry in torch._dynamo.eval_frame._debug_get_cache_entry_list(f.__code__)]
+            with open(os.environ["GRAPHS_OUT"], "a") as fh:
+                fh.write(json.dumps({"test": test, "size": n, "variants": variants,
+                                     "result": [round(v, 4) for v in out.tolist()]}) + "\\n")
+
+    def test_small():
+        compile_and_record("small", [4])
 
     def test_large():
-        torch._dynamo.reset()
-        assert torch.compile(f, backend=recording)(torch.zeros(9)).shape == (9,)
+        compile_and_record("large", [9, 11])  # the second size of the same test: a dynamic graph
         # What Inductor decided about the CPU's vector ISA for these kernels (the plugin reuses its load check).
         from torch._inductor import cpu_vec_isa as m
         picked = m.pick_vec_isa()
@@ -54,13 +58,13 @@ SHAPES = textwrap.dedent(
 )
 
 
-def graphs(path: Path) -> list[dict[str, object]]:
+def graphs(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_independent_tests_compile_the_same_graphs_off_cold_and_warm(pytester: pytest.Pytester, tmp_path: Path) -> None:
     project = TorchProject(pytester, env={"MEGACACHE_DIR": str(tmp_path / "store")}, tests=SHAPES, dynamo_reuse=True)
-    seen, isa, checks, isa_seconds = {}, {}, {}, {}
+    seen, isa, checks, isa_seconds, reuse = {}, {}, {}, {}, {}
     for name, args in (("off", ("-p", "no:megacache")), ("cold", ()), ("warm", ())):
         out = tmp_path / f"{name}.jsonl"
         run = project.run(*args, env={"GRAPHS_OUT": str(out)})
@@ -69,12 +73,15 @@ def test_independent_tests_compile_the_same_graphs_off_cold_and_warm(pytester: p
         isa[name] = json.loads(Path(f"{out}.isa").read_text())
         checks[name] = (run.report or {}).get("torch", {}).get("isa_checks")
         isa_seconds[name] = [p["isa_check"] for p in (run.report or {}).get("processes", [])]
-        if name == "warm":
-            assert run.fx_hits == 2 and run.fx_misses == 0, run.counters  # the warm path really ran
-    assert len(seen["off"]) == 2
-    assert all(g["symbolic_inputs"] == [] for g in seen["off"])  # [static, static] without the plugin...
-    assert seen["cold"] == seen["off"]  # ...and the very same graphs with it, cold
-    assert seen["warm"] == seen["off"]  # and warm
+        reuse[name] = ((run.report or {}).get("torch", {}).get("counters", {}), run.counters["traces_per_test"])
+    # Without the plugin: each test's first graph static, for its size alone ([static, static] across the tests)...
+    variants = [[v if len(v) == 1 else "dynamic" for v in call["variants"]] for call in seen["off"]]
+    assert variants == [[[4]], [[9]], ["dynamic", [9]]], seen["off"]
+    assert seen["cold"] == seen["off"]  # ...and the very same graphs and results with it, cold
+    assert seen["warm"] == seen["off"]  # and warm, every graph taken from the store:
+    counters, traces = reuse["warm"]
+    assert counters["dynamo_frames_reused"] == 3 and counters["dynamo_traced"] == 0, counters  # the plugin's count
+    assert sum(traces.values()) == 0, traces  # and torch's: Dynamo traced nothing
     # The same vector ISA, decided by torch's own load check cold and taken from its record warm.
     assert isa["cold"] == isa["off"] and isa["warm"] == isa["off"]
     if isa["off"]["valid"]:
