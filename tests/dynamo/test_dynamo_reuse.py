@@ -1125,9 +1125,12 @@ class TestDynamoReuse:
         variants = [dp.unpack_guards(entry.data[at:]) for _path, _header, entries in objects for entry in entries
                     if entry.kind == "torch/precompile" for at in _starts(entry.data, b"megacache-guards-")]
         assert len(variants) >= 10 and sum(v.seconds > 0 for v in variants) >= 10, [v.seconds for v in variants]
-        spared = cold.report["torch"]["compile_seconds"] - warm.report["torch"]["compile_seconds"]
+        # what the warm run was spared by torch's own records of its frames' compiles (the project's conftest), not
+        # the plugin's: torch times taking a stored variant as a frame compile too, so the claim may exceed it by
+        # what taking them cost, never by half of it again
+        spared = cold.counters["compile_seconds"] - warm.counters["compile_seconds"]
         saved, taken = warm.report["torch"]["seconds_saved"], warm.report["torch"]["dynamo_spared"]
-        assert 0 < taken <= saved and 0.5 * spared <= saved <= 1.5 * spared, (saved, taken, spared)
+        assert spared > 0 and 0 < taken <= saved and 0.75 * spared <= saved <= 1.5 * spared, (saved, taken, spared)
         # taking the stored variants is a phase of its own, not the tests' time (cold: only looking for none)
         [cold_times], [warm_times] = ([p for p in run.report["processes"] if p["process"] == "main"] for run in (cold, warm))
         assert warm_times["reused"] > cold_times["reused"] > 0, (cold_times, warm_times)
