@@ -31,8 +31,9 @@ with ``--device cuda`` its GPU tests but the max-autotune one (``tests -m gpu -k
 generated suite shaped like suites where Dynamo is most of a warm run: many tests (``--tests``, 30 by default),
 each compiling two small functions full of Python-level work (dicts, loops, inlined helpers) after
 ``torch._dynamo.reset()``; ``varied``, run.py's suite of small functions of 13 kinds (``benchmarks/varied.py``,
-``--tests`` of them); ``suite``, any project's tests: ``--suite DIR --suite-args "tests/compile"`` (run in DIR,
-with the interpreter running this script, so the project and the plugin must be importable there).
+``--tests`` of them; with ``--device cuda`` on the GPU: many short compiled tests); ``suite``, any project's tests:
+``--suite DIR --suite-args "tests/compile"`` (run in DIR, with the interpreter running this script, so the project and
+the plugin must be importable there).
 
 Each run's outcomes are compared test by test with the plain run's, and the table says how many differ.
 
@@ -544,7 +545,8 @@ def main() -> None:
     parser.add_argument("--tests", type=int, default=30,
                         help="tests of the dynamo and varied workloads (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: the example project's GPU tests (the small workload is CPU only)")
+                        help="cuda: the example project's GPU tests, or the varied workload's functions on the GPU "
+                             "(many short compiled tests; the small and dynamo workloads are CPU only)")
     parser.add_argument("--json", type=Path, help="write every run's record here")
     parser.add_argument("--modes", default="", help="run only these modes (comma-separated; a warm mode needs its "
                                                     "cold one), e.g. cold,warm,cold-pc,warm-pc")
@@ -562,8 +564,8 @@ def main() -> None:
         parser.error(f"--modes: a comma-separated selection of {', '.join(MODES)}")
     if opts.workload == "suite" and opts.suite is None:
         parser.error("--workload suite needs --suite DIR")
-    if opts.device == "cuda" and names not in (["example"], ["suite"]):
-        parser.error("--device cuda runs the example workload only: pass --workload example")
+    if opts.device == "cuda" and names not in (["example"], ["suite"], ["varied"]):
+        parser.error("--device cuda runs the example or varied workload only: pass --workload example or varied")
     runs: list[Run] = []
     with contextlib.ExitStack() as stack:
         if opts.work is not None:

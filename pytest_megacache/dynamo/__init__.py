@@ -48,10 +48,11 @@ import time
 from typing import Any
 
 from . import repairs
-from .backends import backends_recorded_once, eager_graphs_stored, wrapped_after_backend
+from .backends import backends_recorded_once, backends_recorded_where_written, eager_graphs_stored, wrapped_after_backend
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, effects_of, failed_load_contained, watch_warnings
 from .merge import enterable_codes, entry_signature, merged_copies, packages_merged, stored_code
+from .merge import unchanged_since_installed as unchanged
 from .objects import importable, missing_module
 from .offers import NEW, UNSTABLE, Offer, Offers, offer_where_traced, offered_seconds, spared_seconds
 from .proofs import (
@@ -235,7 +236,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     watch_warnings(state, compile_id, getattr(torch._dynamo.output_graph, "OutputGraph", None))
     watch_shapes(state, compile_id, pgo)
     eager_graphs_stored(getattr(torch._dynamo.output_graph, "OutputGraph", None), package, innermost_backend)
-    backends_recorded_once(package.DynamoCache)
+    stored_backends = backends_recorded_once(package.DynamoCache)
 
     @functools.wraps(serialize)
     def serialize_guards(self: Any, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes:
@@ -484,6 +485,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     repairs.backendless_variants_dropped(package, state)
     # torch writes no entry whose output code makes a function (its module's globals are a constant there).
     repairs.module_globals_by_name(package)
+    # Last: an entry as installed is not made up for writing; another first gets the stored backends it calls.
+    backends_recorded_where_written(package, stored_backends, functools.partial(unchanged, state))
 
     # Saving: every wrapper of one function is one entry. torch keeps the last package recorded under a key (a
     # function's source id), so where a suite wraps one function in torch.compile more than once (a test per

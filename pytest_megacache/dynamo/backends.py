@@ -14,11 +14,14 @@ imported until :func:`eager_graphs_stored` runs).
   off (else a subclass would handle each operation twice), but records and installs the bare backend: the artifact
   torch recorded for it (now, or later: a training graph's once its backward ran) is stored wrapped, so that the graph
   is installed as torch ran it (without, an eager graph taken from the store gave another result than eager).
-- **A stored entry's backends, recorded once per process** (:func:`backends_recorded_once`): torch records every
-  backend of an entry it loads into its precompile context, a deep copy each, and a suite that wraps a function anew
-  in each test (after ``torch._dynamo.reset()``) loads its entry each time: on a GPU host that copying took as long
-  as the entries' installs many times over. A backend whose id (unique to the compile that made it) is recorded
-  already is not copied again.
+- **A stored entry's backends, recorded where it is written again** (:func:`backends_recorded_once`,
+  :func:`backends_recorded_where_written`): torch records every backend of an entry it loads into its precompile
+  context, a deep copy each, so that the entry can be written again with them at the session's end; on a GPU host
+  that copying took as long as the entries' installs many times over (13.6 s for 32 entries on a suite of short cuda
+  tests). But an entry is written again only where this process traced a variant its stored copy lacks, and a warm
+  run of a settled store writes none. A loaded backend is not recorded then: which stored entry holds it is noted, and
+  where an entry that calls it is about to be written, that stored entry is read again and its backends recorded
+  (torch's own load, as before). An entry that is what it was when installed is not made up for writing at all.
 - **A graph torch dispatches between shape specializations** (:func:`wrapped_after_backend`): torch records the
   backend before that dispatcher; such a frame is not stored (``unsupported backend``), whatever its backend.
 """
@@ -31,7 +34,7 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["backends_recorded_once", "eager_graphs_stored", "wrapped_after_backend"]
+__all__ = ["backends_recorded_once", "backends_recorded_where_written", "eager_graphs_stored", "wrapped_after_backend"]
 
 _EAGER_GRAPHS: weakref.WeakSet[Any] = weakref.WeakSet()  # graphs torch's eager backend returned as they were
 _LAST = threading.local()  # the graph just compiled: run with subclass dispatch off? (torch names it right after)
@@ -122,28 +125,73 @@ def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any)
     setattr(PrecompileContext, "serialize_artifact_by_key", staticmethod(serialized))  # noqa: B010 - torch's classmethod
 
 
-def backends_recorded_once(cache: Any) -> None:
-    """Where ``cache`` (torch's ``DynamoCache``) loads an entry, a backend already in torch's precompile context
-    under its id is not recorded (deep-copied) again (see above)."""
+class StoredBackends:
+    """Which stored entry holds each backend loaded but not recorded (:func:`backends_recorded_once`), and torch's
+    own load of an entry, which records its backends (:meth:`record`)."""
+
+    def __init__(self, load_cache_entry: Any) -> None:
+        self.load_cache_entry = load_cache_entry
+        self.held_by: dict[str, str] = {}  # backend id -> the key of the stored entry it was loaded from
+        self.lock = threading.Lock()
+
+    def record(self, backend_ids: Any, recorded: Any) -> None:
+        """Record the backends of ``backend_ids`` that ``recorded`` (torch's record of backends by id) lacks, from the
+        stored entries they were loaded from: each such entry is read again by torch, which records its backends."""
+        with self.lock:
+            keys = {self.held_by.pop(str(backend_id), None) for backend_id in backend_ids
+                    if backend_id not in recorded}
+        for key in sorted(k for k in keys if k is not None):
+            self.load_cache_entry(key)
+
+
+def backends_recorded_once(cache: Any) -> StoredBackends:
+    """Where ``cache`` (torch's ``DynamoCache``) loads an entry, none of its backends is recorded (deep-copied): which
+    stored entry holds each is noted in what is returned, for :func:`backends_recorded_where_written` (see above)."""
     from torch._dynamo.precompile_context import PrecompileContext
 
     load_cache_entry = cache.load_cache_entry
     record = PrecompileContext.record_artifact
     loading = threading.local()
+    stored = StoredBackends(load_cache_entry)
 
     @functools.wraps(load_cache_entry)
-    def load_once(key: str) -> Any:
-        loading.on = True
+    def load_lazily(key: str) -> Any:
+        loading.key = key
         try:
             return load_cache_entry(key)
         finally:
-            loading.on = False
+            loading.key = None
 
     @functools.wraps(record)
     def record_once(artifact: Any) -> None:
-        if getattr(loading, "on", False) and PrecompileContext.serialize_artifact_by_key(artifact.key) is not None:
-            return
-        record(artifact)
+        key = getattr(loading, "key", None)
+        if key is None:
+            record(artifact)
+        elif PrecompileContext.serialize_artifact_by_key(artifact.key) is None:
+            with stored.lock:
+                stored.held_by[str(artifact.key)] = str(key)
 
-    cache.load_cache_entry = load_once
+    cache.load_cache_entry = load_lazily
     setattr(PrecompileContext, "record_artifact", staticmethod(record_once))  # noqa: B010 - torch's classmethod
+    return stored
+
+
+def backends_recorded_where_written(package: Any, stored: StoredBackends, unchanged: Any) -> None:
+    """Where torch makes up an entry for writing at the session's end (``PrecompileCacheEntry.from_cache_entry``, with
+    its record of backends by id): one that ``unchanged`` says is as it was installed is not made up (torch writes
+    nothing for it), and for any other the backends it calls that were loaded but not recorded are recorded first
+    (:meth:`StoredBackends.record`). Wrap it last: every other wrapper of it gets the backends."""
+    entry_class = package.PrecompileCacheEntry
+    from_cache_entry = entry_class.from_cache_entry
+
+    @functools.wraps(from_cache_entry)
+    def with_stored_backends(cache_entry: Any, backends: Any, *args: Any, **kwargs: Any) -> Any:
+        if unchanged(cache_entry):
+            return None
+        try:
+            stored.record(cache_entry.backend_ids, backends)
+        except Exception:  # noqa: BLE001 - a stored entry gone or unreadable: not written, the stored one stays
+            return None
+        return from_cache_entry(cache_entry, backends, *args, **kwargs)
+
+    entry_class.from_cache_entry = staticmethod(with_stored_backends)

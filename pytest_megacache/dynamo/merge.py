@@ -179,6 +179,16 @@ def _merged_code(ours: Any, theirs: Any) -> Any:
                                bypassed=ours.bypassed or theirs.bypassed)
 
 
+def unchanged_since_installed(state: Any, entry: Any) -> bool:
+    """Whether ``entry`` (a dynamo cache entry torch recorded in this process) holds what its stored copy held when it
+    was installed (``state.loaded_as``): written again, its new bytes would be stored again at every run."""
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    key = next((k for k, e in PrecompileContext._dynamo_cache_entries.items() if e is entry), None)
+    stored = state.loaded_as.get(key) if key is not None else None
+    return stored is not None and entry_signature(entry) == stored
+
+
 def entry_signature(entry: Any) -> Any:
     """What a dynamo cache entry holds, as a value: equal for two entries with the same codes, each with the same
     variants (a variant is its guards), names, imports and backends, and the same recorded sources (each function's

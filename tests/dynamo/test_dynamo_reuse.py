@@ -1168,33 +1168,55 @@ class TestDynamoReuse:
 RECORDED_ONCE = """
 from torch._dynamo.precompile_context import EagerCacheArtifact, PrecompileContext
 
-from pytest_megacache.dynamo.backends import backends_recorded_once
+from pytest_megacache.dynamo.backends import backends_recorded_once, backends_recorded_where_written
 
-KEY = "__compiled_fn_1_a"
+KEY, OTHER = "__compiled_fn_1_a", "__compiled_fn_2_b"
+loads = []
 
 
-class Store:  # torch's DynamoCache, as far as loading an entry goes
+class Store:  # torch's DynamoCache, as far as loading an entry goes: each entry holds one backend
     def load_cache_entry(self, key):
-        PrecompileContext.record_artifact(EagerCacheArtifact(key=KEY, content=[key]))
+        loads.append(key)
+        PrecompileContext.record_artifact(EagerCacheArtifact(key=OTHER if key == "other" else KEY, content=[key]))
         return key
 
 
+class Entry:  # a dynamo cache entry, as far as its backends go
+    def __init__(self, *backend_ids, unchanged=False):
+        self.backend_ids, self.unchanged = set(backend_ids), unchanged
+
+
+class Package:  # torch's package module, as far as making up an entry for writing goes
+    class PrecompileCacheEntry:
+        @staticmethod
+        def from_cache_entry(entry, backends):
+            return {k: backends[k].content for k in entry.backend_ids}
+
+
 store = Store()
-backends_recorded_once(store)
-assert store.load_cache_entry("first") == "first"
-recorded = PrecompileContext._backend_artifacts_by_key[KEY]
-store.load_cache_entry("again")  # the same backend again: not copied
-assert PrecompileContext._backend_artifacts_by_key[KEY] is recorded and recorded.content == ["first"]
-PrecompileContext.record_artifact(EagerCacheArtifact(key=KEY, content=["compiled"]))  # a compile's: replaces it
-assert PrecompileContext._backend_artifacts_by_key[KEY].content == ["compiled"]
+stored = backends_recorded_once(store)
+backends_recorded_where_written(Package, stored, lambda entry: entry.unchanged)
+recorded = PrecompileContext._backend_artifacts_by_key
+assert store.load_cache_entry("first") == "first" and store.load_cache_entry("again") == "again"
+assert store.load_cache_entry("other") == "other"
+assert KEY not in recorded and OTHER not in recorded  # loaded: not copied
+make = Package.PrecompileCacheEntry.from_cache_entry
+assert make(Entry(KEY, OTHER, unchanged=True), recorded) is None and loads == ["first", "again", "other"]
+# written: the stored entry that holds each backend it calls is read again, and its backends recorded
+assert make(Entry(KEY), recorded) == {KEY: ["again"]} and loads[3:] == ["again"]
+assert make(Entry(KEY), recorded) == {KEY: ["again"]} and loads[4:] == []  # recorded now: not read again
+PrecompileContext.record_artifact(EagerCacheArtifact(key=OTHER, content=["compiled"]))  # a compile's: recorded
+assert make(Entry(OTHER), recorded) == {OTHER: ["compiled"]} and loads[4:] == []
 print("checked")
 """
 
 
-def test_a_loaded_entrys_backends_are_recorded_once_per_process(tmp_path: Path) -> None:
-    """torch deep-copies each backend of an entry it loads into its precompile context; a suite that wraps a
-    function anew in each test loads its entry each time. A backend recorded already is not copied again on load;
-    one recorded by a compile (not a load) still replaces what is there. (In a process of its own: torch's state.)"""
+def test_a_loaded_entrys_backends_are_recorded_only_where_it_is_written(tmp_path: Path) -> None:
+    """torch deep-copies each backend of an entry it loads into its precompile context, for writing the entry again;
+    a suite that wraps a function anew in each test loads its entry each time. A loaded backend is not copied: where
+    an entry calling it is made up for writing, the stored entry holding it is read again (once), and an entry as it
+    was installed is not made up at all; a backend a compile records is recorded as torch records it. (In a process
+    of its own: torch's state.)"""
     import os
     import subprocess
     import sys
