@@ -27,8 +27,10 @@ PLANTED = {
     "CI_DYNAMO_SETTING": "Pl4ntedDynamoValue4",
 }
 PATH_TOKEN = "tok-Pl4ntedPathToken5"
+# A credential the tests' own code reads while Dynamo traces it: the frame's guards hold its value.
+READ_BY_A_FRAME = ("SERVICE_API_TOKEN", "Pl4ntedFrameToken7")
 SECRETS = [*(value.split("@")[0].rsplit(":", 1)[-1] if "@" in value else value for value in PLANTED.values()),
-           PATH_TOKEN]
+           PATH_TOKEN, READ_BY_A_FRAME[1]]
 
 SECRET_TESTS = textwrap.dedent(
     """
@@ -40,6 +42,17 @@ SECRET_TESTS = textwrap.dedent(
 
     def test_here():
         assert torch.allclose(torch.compile(f)(torch.zeros(8)), torch.ones(8))
+
+    TOKEN = os.environ["SERVICE_API_TOKEN"]
+
+    def with_token(x):
+        # the credential read at trace time, as a global computed from it and from os.environ (f's graph)
+        if TOKEN and os.environ.get("SERVICE_API_TOKEN") == TOKEN:
+            return torch.sin(x) * 2 + 1
+        return x
+
+    def test_a_frame_reads_a_credential():
+        assert torch.allclose(torch.compile(with_token)(torch.zeros(8)), torch.ones(8))
 
     def test_in_a_child(tmp_path):
         child = tmp_path / "child.py"
@@ -89,14 +102,14 @@ def test_planted_secrets_reach_no_stored_byte_report_output_or_summary(pytester:
     store = pytester.path / "store"
     summary = pytester.path / "step-summary.md"
     env = {"MEGACACHE_DIR": str(store), "GITHUB_STEP_SUMMARY": str(summary), **PLANTED,
-           "TORCH_COMPILE_DEBUG_DIR": str(pytester.path / PATH_TOKEN / "debug")}
-    project = TorchProject(pytester, env=env, tests=SECRET_TESTS)
+           "TORCH_COMPILE_DEBUG_DIR": str(pytester.path / PATH_TOKEN / "debug"), READ_BY_A_FRAME[0]: READ_BY_A_FRAME[1]}
+    # On the plugin's defaults: Dynamo reuse on, so Dynamo's entries (guards, bytecode, graphs) are stored too
+    project = TorchProject(pytester, env=env, tests=SECRET_TESTS, dynamo_reuse=True)
     cold = project.run("-v")
-    cold.result.assert_outcomes(passed=2)
+    cold.result.assert_outcomes(passed=3)
     assert cold.report is not None and cold.report["upload"]["objects"] == 1
     warm = project.run("-v")
-    warm.result.assert_outcomes(passed=2)
-    assert warm.fx_hits >= 1 and warm.fx_misses == 0  # the scrubbed entries still load
+    warm.result.assert_outcomes(passed=3)
 
     for run in (cold, warm):
         output = "\n".join(run.result.outlines + run.result.errlines)
@@ -127,3 +140,17 @@ def test_planted_secrets_reach_no_stored_byte_report_output_or_summary(pytester:
         assert line in blob, name
     assert any(b"os.environ['MY_PYTORCH_OPTION'] = '" + b"*" * len(PLANTED["MY_PYTORCH_OPTION"]) in e.data
                for e in child_graphs)
+
+    # Dynamo's entries: f's was stored, and the warm run took its frame from it; the entry of the frame that read the
+    # credential was left out (one warning names the variable, never its value), so the warm run traced that frame
+    # again, and did not store it either.
+    assert sum(e.kind == "torch/precompile" for e in entries) == 1, sorted({e.kind for e in entries})
+    assert cold.report["upload"]["new_entries"].get("torch/precompile") == 1, cold.report["upload"]
+    cold.result.stdout.fnmatch_lines([f"*not storing 1 compiled entries: they hold the value of {READ_BY_A_FRAME[0]},*"])
+    assert warm.report is not None
+    counters = warm.report["torch"]["counters"]
+    assert (counters["dynamo_frames_reused"], counters["dynamo_traced"]) == (1, 1), counters
+    assert "torch/precompile" not in warm.report["upload"]["new_entries"], warm.report["upload"]
+    # The scrubbed entries still load: the frame traced again looks its graph (f's) up and hits (the AOTAutograd
+    # entry holds the compiled graph).
+    assert warm.aot_hits >= 1 and warm.aot_misses == warm.fx_misses == 0, warm.counters

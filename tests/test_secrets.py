@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import textwrap
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from pytest_megacache import envpolicy
 from pytest_megacache.errors import redact, redact_cut
 from pytest_megacache.settings import OPTIONS
 
-from .helpers_torch import TorchProject, skip_without_torch
+from .helpers_torch import TORCH_TESTS, TorchProject, skip_without_torch
 
 PASSWORD = "Sup3rS3cretPassw0rd"
 REDIS_URL = f"redis://ci:{PASSWORD}@redis.example:6379/0"
@@ -152,6 +153,21 @@ def test_torch_repro_lines_are_scrubbed_in_place() -> None:
 
 SECRETS = (PASSWORD, PASSWORD[::-1])  # the second run's, rotated
 
+# The tests' own code reads the URL while Dynamo traces it: the frame's guards hold it, password included.
+READS_THE_URL = TORCH_TESTS + textwrap.dedent(
+    """
+    import os
+
+    def with_url(x):
+        if os.environ.get("TORCHINDUCTOR_REDIS_URL", "").startswith("redis://"):
+            return torch.sin(x) * 2 + 1  # f's graph
+        return x
+
+    def test_url():
+        assert torch.allclose(torch.compile(with_url)(torch.zeros(8)), torch.ones(8))
+    """
+)
+
 
 def _contains_secret(data: bytes) -> bool:
     return any(s.encode() in data or s.encode("utf-16-le") in data for s in SECRETS)
@@ -163,17 +179,19 @@ def test_a_redis_password_reaches_no_output_report_summary_or_stored_object(pyte
     store = pytester.path / "store"
     summary = pytester.path / "step-summary.md"
     # torch reads TORCHINDUCTOR_REDIS_URL only for a remote cache, which is off unless asked for (and the redis
-    # package is absent here): setting it costs nothing, but the fingerprint used to copy it everywhere.
+    # package is absent here): setting it costs nothing, but the fingerprint used to copy it everywhere. The
+    # project's own code reads it too, in a compiled frame (Dynamo reuse on, the plugin's default).
     project = TorchProject(pytester, env={"MEGACACHE_DIR": str(store), "GITHUB_STEP_SUMMARY": str(summary),
-                                          "TORCHINDUCTOR_REDIS_URL": REDIS_URL})
-    cold = project.run("-k", "test_f", "-v")
-    cold.result.assert_outcomes(passed=1, deselected=2)
+                                          "TORCHINDUCTOR_REDIS_URL": REDIS_URL}, tests=READS_THE_URL, dynamo_reuse=True)
+    cold = project.run("-k", "test_f or test_url", "-v")
+    cold.result.assert_outcomes(passed=2, deselected=2)
     assert cold.fx_misses == 1
     assert cold.report is not None and cold.report["upload"]["objects"] == 1
 
     # A second session with the password rotated: another key, so nothing is restored, and the diagnosis of
     # why compares the stored fingerprint with this one.
-    rotated = project.run("-k", "test_f", "-v", env={"TORCHINDUCTOR_REDIS_URL": REDIS_URL.replace(*SECRETS)})
+    rotated = project.run("-k", "test_f or test_url", "-v",
+                          env={"TORCHINDUCTOR_REDIS_URL": REDIS_URL.replace(*SECRETS)})
     assert rotated.report is not None and rotated.report["upload"]["objects"] == 1
     assert rotated.report["fingerprint"]["key"] != cold.report["fingerprint"]["key"]
     why = rotated.report["restore"]["why_miss"]
@@ -208,5 +226,12 @@ def test_a_redis_password_reaches_no_output_report_summary_or_stored_object(pyte
         leaks.extend(entry for entry in entries if _contains_secret(entry.data))
     assert not any(_contains_secret(p.read_bytes()) for p in project.pytester.path.glob("run*/*.json"))
     # The payloads: torch copies the environment into the repro script of the FX graphs it caches; the upload
-    # blanks what no report would show (envpolicy.scrub_torch_artifact), so no stored entry carries it.
+    # blanks what no report would show (envpolicy.scrub_torch_artifact), so no stored entry carries it. And the
+    # Dynamo entry of the frame that read the URL holds it in its guards: left out, with one warning naming the
+    # variable; f's is stored.
     assert leaks == [], [(e.kind, e.name) for e in leaks]
+    for run in (cold, rotated):
+        assert run.report is not None and run.report["upload"]["new_entries"].get("torch/precompile") == 1
+        assert run.report["torch"]["counters"]["dynamo_traced"] == 2, run.report["torch"]["counters"]
+        run.result.stdout.fnmatch_lines(["*not storing 1 compiled entries: they hold the value of "
+                                         "TORCHINDUCTOR_REDIS_URL, which may be a secret*"])

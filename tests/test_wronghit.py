@@ -2,8 +2,9 @@
 
 torch's Inductor hard-codes the vector width it picked into the generated C++ and its FX-graph key has no field
 for it, so a graph compiled under AVX-512 and loaded where torch picks AVX2 computes wrong numbers (torch's own
-cache directory has that hole: the control below shows it). The fingerprint keys on the ISA torch picks, so a
-warm run under another capability restores nothing and compiles its own code.
+cache directory has that hole: the control below shows it). A frame's Dynamo entry calls the graphs compiled with
+it, so it carries that width too. The fingerprint keys on the ISA torch picks, so a warm run under another capability
+restores nothing, takes no frame from the store and compiles its own code.
 """
 
 from __future__ import annotations
@@ -49,20 +50,31 @@ def _isa(run: Run) -> str:
     return _key(run).split("/")[1]
 
 
+def _frames(run: Run) -> tuple[int, int]:
+    """Dynamo reuse's count of the frames the session took from the store, and of those it traced."""
+    assert run.report is not None, run.result.outlines[-20:]
+    counters = run.report["torch"]["counters"]
+    return counters["dynamo_frames_reused"], counters["dynamo_traced"]
+
+
 @pytest.mark.torch
 def test_a_warm_run_under_another_cpu_capability_never_hits_code_built_for_the_first(pytester: pytest.Pytester) -> None:
     skip_without_torch()
     store = pytester.path / "store"
-    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(store)}, tests=DIFFERENTIAL_TESTS)
+    # On the plugin's defaults: Dynamo reuse on
+    project = TorchProject(pytester, env={"MEGACACHE_DIR": str(store)}, tests=DIFFERENTIAL_TESTS, dynamo_reuse=True)
     cold = project.run("-v", env={"ATEN_CPU_CAPABILITY": None})
     cold.result.assert_outcomes(passed=2)
     assert cold.fx_misses == 2 and cold.report is not None and cold.report["upload"]["objects"] == 1
+    assert cold.report["upload"]["new_entries"].get("torch/precompile") == 2, cold.report["upload"]  # f's and g's
     picked = _isa(cold)
 
-    # Positive control: the same capability on fresh directories hits what the cold run stored.
+    # Positive control: the same capability on fresh directories takes both frames from what the cold run stored
+    # (their compiled graphs with them: nothing is traced or looked up).
     same = project.run("-v", env={"ATEN_CPU_CAPABILITY": None})
     same.result.assert_outcomes(passed=2)
-    assert (same.fx_hits, same.fx_misses) == (2, 0)
+    assert _frames(same) == (2, 0)
+    assert same.fx_misses == same.aot_misses == 0, same.counters
     assert _key(same) == _key(cold)
 
     # Other capabilities: another key, nothing restored, every result right. AVX2 only where the default is wider;
@@ -78,6 +90,7 @@ def test_a_warm_run_under_another_cpu_capability_never_hits_code_built_for_the_f
         assert _isa(warm).startswith("cpu-novec" if capability == "default" else "cpu-avx2"), _key(warm)
         assert warm.report["restore"]["objects_used"] == 0, capability
         assert (warm.fx_hits, warm.fx_misses) == (0, 2), capability
+        assert _frames(warm) == (0, 2), capability  # no frame taken: each traced, its graphs compiled here
 
     # Control: torch's own cache, plugin off, over the cold run's own cache directory under the narrowest other
     # capability, takes the cold run's graphs: the workload above does detect such a wrong hit. Where the cold run
