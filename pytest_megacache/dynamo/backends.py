@@ -149,16 +149,18 @@ def backends_recorded_once(cache: Any) -> StoredBackends:
     stored entry holds each is noted in what is returned, for :func:`backends_recorded_where_written` (see above)."""
     from torch._dynamo.precompile_context import PrecompileContext
 
-    load_cache_entry = cache.load_cache_entry
+    # torch's load reaches it through super() (DiskDynamoCache.load): it is wrapped where it is defined
+    owner = next(c for c in type(cache).__mro__ if "load_cache_entry" in vars(c))
+    load_cache_entry = vars(owner)["load_cache_entry"]
     record = PrecompileContext.record_artifact
     loading = threading.local()
-    stored = StoredBackends(load_cache_entry)
+    stored = StoredBackends(functools.partial(load_cache_entry, cache))
 
     @functools.wraps(load_cache_entry)
-    def load_lazily(key: str) -> Any:
+    def load_lazily(self: Any, key: str) -> Any:
         loading.key = key
         try:
-            return load_cache_entry(key)
+            return load_cache_entry(self, key)
         finally:
             loading.key = None
 
@@ -171,7 +173,7 @@ def backends_recorded_once(cache: Any) -> StoredBackends:
             with stored.lock:
                 stored.held_by[str(artifact.key)] = str(key)
 
-    cache.load_cache_entry = load_lazily
+    owner.load_cache_entry = load_lazily
     setattr(PrecompileContext, "record_artifact", staticmethod(record_once))  # noqa: B010 - torch's classmethod
     return stored
 

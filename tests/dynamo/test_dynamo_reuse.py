@@ -1125,12 +1125,15 @@ class TestDynamoReuse:
         variants = [dp.unpack_guards(entry.data[at:]) for _path, _header, entries in objects for entry in entries
                     if entry.kind == "torch/precompile" for at in _starts(entry.data, b"megacache-guards-")]
         assert len(variants) >= 10 and sum(v.seconds > 0 for v in variants) >= 10, [v.seconds for v in variants]
-        # what the warm run was spared by torch's own records of its frames' compiles (the project's conftest), not
-        # the plugin's: torch times taking a stored variant as a frame compile too, so the claim may exceed it by
-        # what taking them cost, never by half of it again
-        spared = cold.counters["compile_seconds"] - warm.counters["compile_seconds"]
+        # against torch's own records of its frames' compiles (the project's conftest), not the plugin's: at least
+        # what the warm run compiled less than the cold one (torch times taking a stored variant as a frame compile
+        # too), at most what the cold run compiled (each variant's seconds are timed inside torch's timing of its
+        # frame; read from the cold run alone, so another process slowing the warm one does not move it)
+        cold_seconds = cold.counters["compile_seconds"]
+        spared = cold_seconds - warm.counters["compile_seconds"]
         saved, taken = warm.report["torch"]["seconds_saved"], warm.report["torch"]["dynamo_spared"]
-        assert spared > 0 and 0 < taken <= saved and 0.75 * spared <= saved <= 1.5 * spared, (saved, taken, spared)
+        assert spared > 0 and 0 < taken <= saved and 0.75 * spared <= saved <= 1.05 * cold_seconds + 0.05, (
+            saved, taken, spared, cold_seconds)
         # taking the stored variants is a phase of its own, not the tests' time (cold: only looking for none)
         [cold_times], [warm_times] = ([p for p in run.report["processes"] if p["process"] == "main"] for run in (cold, warm))
         assert warm_times["reused"] > cold_times["reused"] > 0, (cold_times, warm_times)
@@ -1174,11 +1177,16 @@ KEY, OTHER = "__compiled_fn_1_a", "__compiled_fn_2_b"
 loads = []
 
 
-class Store:  # torch's DynamoCache, as far as loading an entry goes: each entry holds one backend
+class Base:  # torch's DynamoStore, as far as loading an entry goes: each entry holds one backend
     def load_cache_entry(self, key):
         loads.append(key)
         PrecompileContext.record_artifact(EagerCacheArtifact(key=OTHER if key == "other" else KEY, content=[key]))
         return key
+
+
+class Store(Base):  # torch's DiskDynamoCache: its load reaches the loading through super()
+    def load(self, key):
+        return super().load_cache_entry(key)
 
 
 class Entry:  # a dynamo cache entry, as far as its backends go
@@ -1197,8 +1205,7 @@ store = Store()
 stored = backends_recorded_once(store)
 backends_recorded_where_written(Package, stored, lambda entry: entry.unchanged)
 recorded = PrecompileContext._backend_artifacts_by_key
-assert store.load_cache_entry("first") == "first" and store.load_cache_entry("again") == "again"
-assert store.load_cache_entry("other") == "other"
+assert store.load("first") == "first" and store.load("again") == "again" and store.load("other") == "other"
 assert KEY not in recorded and OTHER not in recorded  # loaded: not copied
 make = Package.PrecompileCacheEntry.from_cache_entry
 assert make(Entry(KEY, OTHER, unchanged=True), recorded) is None and loads == ["first", "again", "other"]
