@@ -173,7 +173,7 @@ def backends_recorded_once(cache: Any) -> StoredBackends:
             with stored.lock:
                 stored.held_by[str(artifact.key)] = str(key)
 
-    owner.load_cache_entry = load_lazily
+    setattr(owner, "load_cache_entry", load_lazily)  # noqa: B010 - a class found at run time
     setattr(PrecompileContext, "record_artifact", staticmethod(record_once))  # noqa: B010 - torch's classmethod
     return stored
 
