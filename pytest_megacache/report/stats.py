@@ -159,7 +159,7 @@ class TorchStats:
     # nodeid -> {"seconds", "backend" (where torch keeps metrics), "compiles", "counters", "artifacts": ["type:key", ...]}
     per_test: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds_saved: float = 0.0  # cold compile seconds recorded for the restored artifacts this session used
-    # --megacache-precompile: what the stored Dynamo variants taken in this process took to trace and compile where
+    # Dynamo reuse: what the stored Dynamo variants taken in this process took to trace and compile where
     # they were traced (part of seconds_saved)
     dynamo_spared: float = 0.0
     layers: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> restored/used/new
@@ -175,7 +175,7 @@ class TorchStats:
     # run by torch ("run"), markers written ("recorded")
     isa_checks: dict[str, int] = field(default_factory=dict)
     triton: TritonStats | None = None  # Triton's kernels loaded from its cache vs compiled; None: none of either
-    # --megacache-precompile: the first detail seen per refusal reason (dynamo), e.g. which guard was unprovable
+    # Dynamo reuse: the first detail seen per refusal reason (dynamo), e.g. which guard was unprovable
     dynamo_refusals: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -252,7 +252,7 @@ class ProcessTimes:
     tracing, guards, bytecode; backend: AOTAutograd and Inductor for forward graphs, cache lookups and kernel
     builds included; isa_check: torch's CPU vector-ISA load checks, which run inside the first CPU compile, taken
     out of backend (isaprobe; 0 with the reuse off); backward: lazily compiled backward graphs; compile_other:
-    the rest of the compile callbacks' time), reused (``--megacache-precompile``: stored Dynamo variants offered where
+    the rest of the compile callbacks' time), reused (Dynamo reuse: stored Dynamo variants offered where
     Dynamo was about to trace, taken or passed over, before torch's compile timings start), tests (the rest of
     running the tests) and finish (collecting and
     uploading, or handing over). Only the interpreter's exit (atexit, Inductor's compile pool) is left: whoever
