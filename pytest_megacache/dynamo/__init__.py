@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import sys
 import time
 from typing import Any
@@ -506,9 +505,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
                 return
             if not any(code.guarded_codes for code in enterable_codes(codes)):
                 return  # no variant a later process could take (every one refused here): its backends alone
-            stored = state.loaded_as.get(os.path.basename(path))
-            if stored is not None and entry_signature(entry.dynamo) == stored:
-                return  # the store holds it as it is: written again, its new bytes would be stored again each run
+            # (an entry as it was installed never comes here: backends_recorded_where_written)
             write(repairs.module_texts_left_out(entry), path)
         except Exception as exc:  # noqa: BLE001
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
