@@ -23,6 +23,12 @@ import pytest
 from .conftest import HERMETIC_PREFIXES
 
 
+def holds_function(entry: bytes, name: bytes) -> bool:
+    """Whether a stored Dynamo entry is one of the function ``name``: its pickled name (a short string, as pickle
+    writes one) is in the entry's bytes."""
+    return b"\x8c" + bytes([len(name)]) + name + b"\x94" in entry
+
+
 def skip_without_torch() -> None:
     """Skip the calling module where torch is not installed, without importing it (that takes seconds and
     changes the whole test process: torch runs only in the projects' subprocesses)."""

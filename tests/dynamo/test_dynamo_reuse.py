@@ -19,7 +19,7 @@ import pytest
 from pytest_megacache import dynamo as dynamo_reuse
 
 from ..conftest import removed_unless_failed
-from ..helpers_torch import Run, TorchProject, skip_without_torch
+from ..helpers_torch import Run, TorchProject, holds_function, skip_without_torch
 
 skip_without_torch()
 pytestmark = pytest.mark.torch
@@ -878,9 +878,8 @@ def reuse_chain(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
 
 
 def _copies(runs: list[dict[str, bytes]], name: bytes) -> set[bytes]:
-    """The stored Dynamo entries of the function ``name`` (its pickled name is in its entry's bytes)."""
-    marker = b"\x8c" + bytes([len(name)]) + name + b"\x94"
-    return {data for entries in runs for data in entries.values() if marker in data}
+    """The stored Dynamo entries of the function ``name``."""
+    return {data for entries in runs for data in entries.values() if holds_function(data, name)}
 
 
 def _counters(run: Run) -> dict[str, int]:

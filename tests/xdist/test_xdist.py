@@ -24,7 +24,7 @@ import pytest
 from pytest_megacache import bundle as bundlemod
 
 from ..conftest import S3Server
-from ..helpers_torch import TorchProject, skip_without_torch
+from ..helpers_torch import TorchProject, holds_function, skip_without_torch
 
 skip_without_torch()
 pytest.importorskip("xdist")
@@ -88,11 +88,10 @@ TWO_DTYPES = textwrap.dedent("""
 
 
 def dynamo_variants(blob: bytes, name: bytes) -> list[int]:
-    """For each stored Dynamo entry of the function ``name`` (its pickled name is in its entry's bytes) in the object
-    ``blob``: how many variants it holds (each stored variant's guards start with the plugin's header)."""
-    marker = b"\x8c" + bytes([len(name)]) + name + b"\x94"
+    """For each stored Dynamo entry of the function ``name`` in the object ``blob``: how many variants it holds (each
+    stored variant's guards start with the plugin's header)."""
     return [entry.data.count(b"megacache-guards-") for entry in bundlemod.decode(blob)[1]
-            if entry.kind == "torch/precompile" and marker in entry.data]
+            if entry.kind == "torch/precompile" and holds_function(entry.data, name)]
 
 
 def test_xdist_cold_uploads_once_and_warm_downloads_once(pytester: pytest.Pytester, s3_server: S3Server,
