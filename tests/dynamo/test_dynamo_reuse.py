@@ -1179,6 +1179,8 @@ loads = []
 class Base:  # torch's DynamoStore, as far as loading an entry goes: each entry holds one backend
     def load_cache_entry(self, key):
         loads.append(key)
+        if key == "gone":
+            raise FileNotFoundError(key)  # its file removed since it was installed
         PrecompileContext.record_artifact(EagerCacheArtifact(key=OTHER if key == "other" else KEY, content=[key]))
         return key
 
@@ -1213,6 +1215,9 @@ assert make(Entry(KEY), recorded) == {KEY: ["again"]} and loads[3:] == ["again"]
 assert make(Entry(KEY), recorded) == {KEY: ["again"]} and loads[4:] == []  # recorded now: not read again
 PrecompileContext.record_artifact(EagerCacheArtifact(key=OTHER, content=["compiled"]))  # a compile's: recorded
 assert make(Entry(OTHER), recorded) == {OTHER: ["compiled"]} and loads[4:] == []
+# a stored entry that cannot be read again: the entry calling its backend is not written (the stored one stays)
+stored.held_by["__compiled_fn_3_c"] = "gone"
+assert make(Entry(OTHER, "__compiled_fn_3_c"), recorded) is None and loads[4:] == ["gone"]
 print("checked")
 """
 
