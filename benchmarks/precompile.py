@@ -21,7 +21,8 @@ session wall, and from the plugin's JSON report (``--megacache-report``): ``torc
 ``torch/precompile`` artifacts were stored) and what the restore loaded. A failure is a finding, not a crash of
 this script: it is recorded and the table says so.
 
-    python benchmarks/precompile.py [--repeats 3] [--workload small|dynamo|varied|example|all] [--device cpu|cuda]
+    python benchmarks/precompile.py [--repeats 3] [--workload small|dynamo|varied|short|example|all]
+                                    [--device cpu|cuda]
                                     [--tests N] [--json PATH]
 
 Workloads: ``small``, a generated CPU suite (pointwise, an MLP forward, an MLP training step checked against
@@ -31,7 +32,10 @@ with ``--device cuda`` its GPU tests but the max-autotune one (``tests -m gpu -k
 generated suite shaped like suites where Dynamo is most of a warm run: many tests (``--tests``, 30 by default),
 each compiling two small functions full of Python-level work (dicts, loops, inlined helpers) after
 ``torch._dynamo.reset()``; ``varied``, run.py's suite of small functions of 13 kinds (``benchmarks/varied.py``,
-``--tests`` of them; with ``--device cuda`` on the GPU: many short compiled tests); ``suite``, any project's tests:
+``--tests`` of them; with ``--device cuda`` on the GPU: many short compiled tests); ``short``, short tests that each
+compile one small function afresh after ``torch._dynamo.reset()``, each function at four sizes (``--tests`` in all,
+``benchmarks/varied.py``: a stored entry holds several variants, and each test installs it again, as an image library's
+compile tests do; ``--device cuda`` runs them on the GPU); ``suite``, any project's tests:
 ``--suite DIR --suite-args "tests/compile"`` (run in DIR, with the interpreter running this script, so the project and
 the plugin must be importable there).
 
@@ -65,7 +69,7 @@ from typing import Any
 
 from run import clean_env as shared_clean_env  # demo/local_s3.py's, as run.py uses it
 from run import plugin_args  # benchmarks/run.py, beside this script (its folder is on sys.path)
-from varied import make_varied_project  # benchmarks/varied.py, beside it
+from varied import SHORT_SIZES, make_short_project, make_varied_project  # benchmarks/varied.py, beside it
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "example_project"
@@ -249,6 +253,8 @@ class Run:
     loaded: dict[str, int] = field(default_factory=dict)  # what load_cache_artifacts put in place, per type
     compiles: int | None = None  # frames Dynamo compiled (the plugin's count)
     dynamo_seconds: float | None = None  # bench_dynamo_seconds.py: Dynamo's share of the compile seconds
+    seconds_saved: float | None = None  # what the report claims the restored artifacts (and reused frames) spared
+    phases: dict[str, float] = field(default_factory=dict)  # the main process's phases (the report's "processes")
     missed: dict[str, dict[str, int]] = field(default_factory=dict)  # test -> its miss counters, tests with any miss
     problems: list[str] = field(default_factory=list)
     tail: str = ""
@@ -307,6 +313,10 @@ def read_report(path: Path, run: Run) -> None:
         return
     torch_part = doc.get("torch") or {}
     run.compile_seconds = torch_part.get("compile_seconds")
+    run.seconds_saved = torch_part.get("seconds_saved")
+    main = [p for p in doc.get("processes") or [] if isinstance(p, dict) and p.get("process") == "main"]
+    run.phases = {str(k): float(v) for k, v in (main[0] if main else {}).items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
     run.counters = {str(k): int(v) for k, v in (torch_part.get("counters") or {}).items()}
     run.compiles = torch_part.get("compiles")
     for nodeid, rec in (torch_part.get("per_test") or {}).items():
@@ -390,6 +400,9 @@ def make_workload(name: str, base: Path, device: str = "cpu", tests: int = 30) -
     if name == "varied":
         project, args, _ini = make_varied_project(base, tests, device)
         return Workload("varied", project, args)
+    if name == "short":
+        project, args = make_short_project(base, max(1, tests // len(SHORT_SIZES)), device)
+        return Workload("short", project, args)
     if name == "dynamo":
         project = base / "dynamo"
         project.mkdir(exist_ok=True)
@@ -461,6 +474,32 @@ def kept_runs(base: Path, runs: list[Run]) -> list[Run]:
     return earlier
 
 
+PHASE_COLUMNS = ("startup", "collect", "restore_wait", "load", "dynamo", "backend", "reused", "tests", "finish")
+
+
+def compile_and_reuse(r: Run) -> float | None:
+    """What a run spent compiling (torch's compile callbacks) and on Dynamo reuse of its own (the reused phase)."""
+    return None if r.compile_seconds is None else r.compile_seconds + r.phases.get("reused", 0.0)
+
+
+def print_saved(by_mode: dict[str, list[Run]]) -> None:
+    """The main process's phases per mode, and what reuse claims to save beside what it measurably did: the
+    seconds saved of warm-pc less warm's, against warm's compile-and-reuse seconds less warm-pc's."""
+    print("phases (main process, medians, s): " + " ".join(f"{p:>8}" for p in PHASE_COLUMNS))
+    for mode, rs in by_mode.items():
+        if rs and mode not in ("plain", "eager"):
+            print(f"  {mode:31} " + " ".join(f"{fmt(median(rs, lambda r, p=p: r.phases.get(p))):>8}"
+                                               for p in PHASE_COLUMNS))
+    claimed = [median(by_mode[m], lambda r: r.seconds_saved) for m in ("warm-pc", "warm")]
+    measured = [median(by_mode[m], compile_and_reuse) for m in ("warm", "warm-pc")]
+    if None in claimed or None in measured:
+        return
+    claim, spared = claimed[0] - claimed[1], measured[0] - measured[1]  # type: ignore[operator]
+    print(f"seconds saved by reuse (warm-pc less warm): claimed {claim:.2f} s, measured {spared:.2f} s (compile and "
+          f"reuse seconds, warm less warm-pc): claimed/measured {claim / spared:.2f}" if spared > 0 else
+          f"seconds saved by reuse (warm-pc less warm): claimed {claim:.2f} s, measured {spared:.2f} s")
+
+
 def table(wl: str, runs: list[Run], repeats: int) -> None:
     mine = [r for r in runs if r.workload == wl]
     by_mode = {mode: [r for r in mine if r.mode == mode and valid(mine, r)] for mode in MODES}
@@ -508,6 +547,7 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
     print(f"warm-pc/warm: compile seconds {ratio('warm-pc', 'warm', lambda r: r.compile_seconds)}, "
           f"Dynamo seconds {ratio('warm-pc', 'warm', lambda r: r.dynamo_seconds)}, "
           f"session wall {ratio('warm-pc', 'warm', lambda r: r.wall)}")
+    print_saved(by_mode)
     print(f"cold-pc/cold: compile seconds {ratio('cold-pc', 'cold', lambda r: r.compile_seconds)}, "
           f"session wall {ratio('cold-pc', 'cold', lambda r: r.wall)}")
     print(f"warm/plain wall {ratio('warm', 'plain', lambda r: r.wall)}, warm-pc/plain wall "
@@ -539,11 +579,11 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workload", choices=("small", "dynamo", "varied", "example", "suite", "all"), default="small")
+    parser.add_argument("--workload", choices=("small", "dynamo", "varied", "short", "example", "suite", "all"), default="small")
     parser.add_argument("--suite", type=Path, help="suite workload: the folder to run pytest in (a project's tests)")
     parser.add_argument("--suite-args", default="", help="suite workload: pytest's arguments there (split on spaces)")
     parser.add_argument("--tests", type=int, default=30,
-                        help="tests of the dynamo and varied workloads (default: %(default)s)")
+                        help="tests of the dynamo, varied and short workloads (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the example project's GPU tests, or the varied workload's functions on the GPU "
                              "(many short compiled tests; the small and dynamo workloads are CPU only)")
@@ -564,8 +604,9 @@ def main() -> None:
         parser.error(f"--modes: a comma-separated selection of {', '.join(MODES)}")
     if opts.workload == "suite" and opts.suite is None:
         parser.error("--workload suite needs --suite DIR")
-    if opts.device == "cuda" and names not in (["example"], ["suite"], ["varied"]):
-        parser.error("--device cuda runs the example or varied workload only: pass --workload example or varied")
+    if opts.device == "cuda" and names not in (["example"], ["suite"], ["varied"], ["short"]):
+        parser.error("--device cuda runs the example, varied or short workload only: pass --workload example, varied "
+                     "or short")
     runs: list[Run] = []
     with contextlib.ExitStack() as stack:
         if opts.work is not None:

@@ -255,3 +255,38 @@ def make_varied_project(base: Path, n: int, device: str) -> tuple[Path, list[str
     (project / "pytest.ini").write_text(PYTEST_INI)
     (project / TEST_FILE).write_text(source)
     return project, [TEST_FILE], project / "pytest.ini"
+
+
+SHORT_FILE = "test_short.py"
+SHORT_SIZES = (16, 24, 40, 56)  # each function's tests: one size each, compiled static (one variant per size)
+
+
+def short_source(functions: int, device: str) -> str:
+    """The "short" workload's module: many small functions, each tested at every size of :data:`SHORT_SIZES`, each
+    test short and compiling its function afresh after ``torch._dynamo.reset()`` (as a suite that isolates its tests
+    does); ``dynamic=False``, so each size is a variant of its own, and a function's stored entry holds one per size."""
+    out = ["import pytest", "import torch", "", f"DEVICE = {device!r}", f"SIZES = {SHORT_SIZES!r}", "TOL = 1e-4", "",
+           "", "@pytest.fixture(autouse=True)", "def fresh_compile_state():", "    torch._dynamo.reset()", "    yield", ""]
+    for i in range(functions):
+        c = _Case(i, 3)
+        a, b = _UNARY[i % len(_UNARY)], _UNARY[(i + 3) % len(_UNARY)]
+        body = ([f"y = {a}(x * {c.k1}) + x * {c.k2}", f"return {b}(y) - {c.k3}"],
+                [f"y = x * {c.k1} - {c.k2}", f"return y.sum(dim=1, keepdim=True) * {c.k3} + y.amax(dim=1, keepdim=True)"],
+                [f"return torch.softmax(x * {c.k1}, dim=-1) * {c.k2} + {c.k3}"])[i % 3]
+        out += ["", f"def f_{i}(x):", *(f"    {line}" for line in body), "", "",
+                "@pytest.mark.parametrize('n', SIZES)", f"def test_f_{i}(n):", f"    torch.manual_seed({i})",
+                "    x = torch.randn(n, 8, device=DEVICE)",
+                f"    torch.testing.assert_close(torch.compile(f_{i}, dynamic=False)(x), f_{i}(x), atol=TOL, rtol=TOL)",
+                ""]
+    return "\n".join(out) + "\n"
+
+
+def make_short_project(base: Path, functions: int, device: str) -> tuple[Path, list[str]]:
+    """Writes ``base/short-<functions>`` (pytest.ini and test_short.py); returns (project, pytest args)."""
+    source = short_source(functions, device)
+    compile(source, SHORT_FILE, "exec")
+    project = base / f"short-{functions}"
+    project.mkdir(parents=True, exist_ok=True)
+    (project / "pytest.ini").write_text(PYTEST_INI)
+    (project / SHORT_FILE).write_text(source)
+    return project, [SHORT_FILE]

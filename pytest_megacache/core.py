@@ -262,24 +262,12 @@ class CacheSession:
         ts = TorchStats.from_adapter(adapter) if adapter is not None else TorchStats()
         for worker in workers:
             ts.add(worker)
-        cold = restored_cold_seconds(self.restored_headers)
         restored_torch = {e.ident for e in self.restored.of_kind_prefix(bundlemod.TORCH_PREFIX)}
-        used: set[tuple[str, str]] = set()
-        for record in ts.per_test.values():
-            hits = [a for a in map(_ident, record["artifacts"]) if a in restored_torch]
-            record["seconds_saved"] = round(sum(cold.get(a, 0.0) for a in hits), 3)
-            used.update(hits)
-        if adapter is not None:
-            # Dynamo reuse installs entries where torch.compile() wraps a function: every one this process installed
-            used.update(a for a in (_ident(f"{kind}:{key}") for kind, key in TorchAdapter.seen_artifacts()
-                                    if kind == "precompile") if a in restored_torch)
-        # a Dynamo entry's variants taken spared what each recorded (ts.dynamo_spared, this process's and its workers')
-        ts.seconds_saved = round(sum(cold.get(a, 0.0) for a in used) + ts.dynamo_spared, 3)
-        for kind, count in self.restored.counts().items():
-            if kind.startswith(bundlemod.TORCH_PREFIX):
-                ts.layers[kind[len(bundlemod.TORCH_PREFIX):]] = {"restored": count, "used": 0}
-        for kind, _key in used:
-            ts.layers.setdefault(kind[len(bundlemod.TORCH_PREFIX):], {"restored": 0, "used": 0})["used"] += 1
+        # Dynamo reuse installs entries where torch.compile() wraps a function: every one this process installed
+        installed = [_ident(f"{kind}:{key}") for kind, key in TorchAdapter.seen_artifacts()
+                     if kind == "precompile"] if adapter is not None else []
+        ts.count_use(restored_cold_seconds(self.restored_headers), restored_torch, _ident, installed,
+                     self.restored.counts(), bundlemod.TORCH_PREFIX)
         self.torch_stats = ts
         return ts
 

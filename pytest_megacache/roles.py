@@ -169,8 +169,14 @@ class Role:
         isa_elsewhere = t.isa_check - in_backend
         if self.session is not None and self.session.load_stats.called:
             t.load = self.session.load_stats.seconds
-        t.reused = round(dynamo.offered_seconds() - self.offered_before, 4)  # inside the tests, outside the compiles
-        t.tests = max(0.0, run_end - collected - waited - t.load - compiled - imported_in_tests - isa_elsewhere - t.reused)
+        # Dynamo reuse's own time: offering stored variants (inside the tests, outside the compiles), and loading and
+        # installing stored entries where torch.compile() wrapped a function (in the collection or in a test)
+        spans = [(start, end) for start, end in dynamo.cost_spans() if start >= self.started]
+        in_collect = sum(end - start for start, end in spans if end <= collected)
+        in_tests = sum(end - start for start, end in spans) - in_collect + dynamo.offered_seconds() - self.offered_before
+        t.collect = max(0.0, t.collect - in_collect)
+        t.reused = round(in_collect + in_tests, 4)
+        t.tests = max(0.0, run_end - collected - waited - t.load - compiled - imported_in_tests - isa_elsewhere - in_tests)
         t.total = (t.startup or 0.0) + now - self.started
         return t
 

@@ -148,3 +148,22 @@ def test_generated_tests_pass_eagerly_and_catch_a_wrong_result(varied: ModuleTyp
     names = names_of_tests(varied.varied_source(n, "cpu"))
     assert results["identity"] == dict.fromkeys(names, "passed")
     assert results["shifted"] == dict.fromkeys(names, "failed")
+
+
+def test_the_short_workload_compiles_each_function_afresh_at_every_size(varied: ModuleType, tmp_path: Path) -> None:
+    """The "short" workload: one test per function and size, Dynamo's caches reset before each, compiled static (so a
+    function's stored entry holds a variant per size), and every function different from the others."""
+    source = varied.short_source(6, "cuda")
+    tree = ast.parse(source)
+    tests = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+    assert [t.name for t in tests] == [f"test_f_{i}" for i in range(6)]
+    for test in tests:
+        [mark] = test.decorator_list
+        assert ast.unparse(mark) == "pytest.mark.parametrize('n', SIZES)"
+        assert "dynamic=False" in ast.unparse(test)
+    assert "torch._dynamo.reset()" in source and "DEVICE = 'cuda'" in source and len(varied.SHORT_SIZES) >= 3
+    bodies = [ast.unparse(n).replace(f"f_{n.name[2:]}", "f") for n in tree.body
+              if isinstance(n, ast.FunctionDef) and n.name.startswith("f_")]
+    assert len(bodies) == 6 and len(set(bodies)) == 6
+    project, args = varied.make_short_project(tmp_path, 6, "cpu")
+    assert args == ["test_short.py"] and (project / "test_short.py").read_text() == varied.short_source(6, "cpu")

@@ -29,7 +29,7 @@ FOLDER = f"pytest-megacache/{FP}"
 class FakeTorch:
     """Stands in for TorchAdapter: 'compiles' the given keys, records loads."""
 
-    spared_before = 0.0  # no Dynamo reuse here
+    spared_before = cost_before = 0.0  # no Dynamo reuse here
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
@@ -314,6 +314,24 @@ def test_a_hit_counts_the_backend_seconds_it_spares_where_torch_kept_them(tmp_pa
     assert cold_table(store, tmp_path, torch) == {f"inductor:{KEY_A}": 0.2, f"inductor:{KEY_B}": 0.2}
     warm, _ = run(store, tmp_path, "warm", [KEY_A, KEY_B])
     assert warm.torch_stats.seconds_saved == 0.4
+
+
+def test_what_a_hitting_test_still_spent_in_the_backend_is_not_counted_saved(tmp_path: Path) -> None:
+    """Loading a cached graph costs the backend time too: a test's hits spare what they cost cold less what the test
+    spent in the backend warm, and never less than nothing."""
+    store = MemoryStore()
+    torch = FakeTorch([KEY_A, KEY_B])
+    torch.per_test["test_all"].backend = 0.4
+    cold_table(store, tmp_path, torch)
+    for spent, saved in ((0.1, 0.3), (0.9, 0.0)):
+        warm = session(store, tmp_path, f"warm-{spent}")
+        again = FakeTorch([KEY_A, KEY_B])
+        again.per_test["test_all"].backend = spent
+        warm.start_restore(background=False)
+        warm.load_into_torch(loader=again.load)
+        warm.finish(again)  # type: ignore[arg-type]
+        assert warm.torch_stats.seconds_saved == saved
+        assert warm.torch_stats.per_test["test_all"]["seconds_saved"] == saved
 
 
 class WithAot(FakeTorch):

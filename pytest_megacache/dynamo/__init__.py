@@ -47,18 +47,23 @@ import time
 from typing import Any
 
 from . import repairs
-from .backends import backends_recorded_once, backends_recorded_where_written, eager_graphs_stored, wrapped_after_backend
+from .backends import (
+    backends_recorded_once,
+    backends_recorded_where_written,
+    eager_graphs_stored,
+    postponed,
+    wrapped_after_backend,
+)
 from .context import innermost_backend
-from .effects import Trace, bookkeeping_quiet, code_key, effects_of, failed_load_contained, watch_warnings
-from .merge import enterable_codes, entry_signature, merged_copies, packages_merged, stored_code
+from .effects import Trace, bookkeeping_quiet, code_key, effects_of, watch_warnings
+from .ledger import LEDGER, cost_seconds, cost_spans, offered_seconds, spared_seconds
+from .merge import enterable_codes, entry_signature, loaded_if_same_code, merged_copies, packages_merged
 from .merge import unchanged_since_installed as unchanged
 from .objects import importable, missing_module
-from .offers import NEW, UNSTABLE, Offer, Offers, offer_where_traced, offered_seconds, spared_seconds
+from .offers import NEW, UNSTABLE, Offer, Offers, offer_where_traced
 from .proofs import (
     Refused,
     Stored,
-    code_digest,
-    function_of,
     guards_digest,
     pack_guards,
     prove,
@@ -71,9 +76,9 @@ from .proofs import (
 from .releases import CHECKED_RELEASES, MERGED_RELEASES, final_release, release_checked
 from .shapes import watch_shapes
 
-__all__ = ["CHECKED_RELEASES", "COUNTERS", "MERGED_RELEASES", "before_first_load", "final_release", "install",
-           "merged_copies", "offered_seconds", "refusal_reasons", "release_checked", "set_test", "spared_seconds",
-           "used_entries"]
+__all__ = ["CHECKED_RELEASES", "COUNTERS", "MERGED_RELEASES", "before_first_load", "cost_seconds", "cost_spans",
+           "final_release", "install", "merged_copies", "offered_seconds", "refusal_reasons", "release_checked",
+           "set_test", "spared_seconds", "used_entries"]
 
 # Identity guards kept and proven (torch 2.13 refuses to serialize them, or drops them from the live guards).
 PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "CLASS_MATCH",
@@ -356,26 +361,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     def checked_load(fn: Any) -> Any:
         before, state.before_load = state.before_load, lambda: None  # once
         before()
-        try:
-            with failed_load_contained(state):
-                result = load(fn)
-        except Exception as exc:  # noqa: BLE001
-            state.refuse_error(exc)
-            return None
-        if result is None:
-            return None
-        try:
-            func = function_of(innermost_fn(fn))
-            main = result.dynamo.codes[0]
-            if main.python_module != getattr(func, "__module__", None):
-                raise Refused("collision", f"an entry of {main.python_module} for {func.__module__}")
-            stored = stored_code(main)
-            if code_digest(stored) != code_digest(func.__code__):
-                raise Refused("code_changed", f"{func.__qualname__} changed since it was traced")
-        except Exception as exc:  # noqa: BLE001
-            state.refuse(reason_of(exc), str(exc))
-            return None
-        return result
+        with LEDGER.spending():
+            return loaded_if_same_code(state, fn, load, innermost_fn)
 
     cache.load = checked_load
 
@@ -387,7 +374,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             initialize(self, fn, None, ignore_inlined_sources)
             return None
         try:
-            initialize(self, fn, dynamo, ignore_inlined_sources)
+            with LEDGER.spending():  # torch checks the inlined sources of the stored entry here
+                initialize(self, fn, dynamo, ignore_inlined_sources)
             self._megacache_loaded = dynamo
             return None
         except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
@@ -405,6 +393,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     @functools.wraps(install_package)
     def install_or_fresh(self: Any, backends: Any) -> None:
+        with LEDGER.spending():
+            _install(self, postponed(backends))
+
+    def _install(self: Any, backends: Any) -> None:
         loaded = self.__dict__.pop("_megacache_loaded", None)
         if self.__dict__.pop("_megacache_fresh", False):
             if (deferred := self.__dict__.pop("_megacache_deferred", None)) is not None:

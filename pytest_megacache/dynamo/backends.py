@@ -23,6 +23,11 @@ imported until :func:`eager_graphs_stored` runs).
   run of a settled store writes none. A loaded backend is not recorded then: which stored entry holds it is noted, and
   where an entry that calls it is about to be written, that stored entry is read again and its backends recorded
   (torch's own load, as before). An entry that is what it was when installed is not made up for writing at all.
+- **A stored entry's compiled graphs, made ready where a variant calling them is taken** (:func:`postponed`,
+  :func:`made_ready`): torch deserializes every backend of an entry where it installs it (each ``torch.compile()``
+  wrapper of the function installs it again), though a test takes one variant, or none; on a GPU each one loads its
+  kernels. Each is installed as a stand-in that torch calls as it calls the backend, deserialized where the offer of
+  a variant that calls it is taken (a failure there leaves that frame traced), or else where it is first called.
 - **A graph torch dispatches between shape specializations** (:func:`wrapped_after_backend`): torch records the
   backend before that dispatcher; such a frame is not stored (``unsupported backend``), whatever its backend.
 """
@@ -35,7 +40,10 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["backends_recorded_once", "backends_recorded_where_written", "eager_graphs_stored", "wrapped_after_backend"]
+from .ledger import LEDGER
+
+__all__ = ["backends_recorded_once", "backends_recorded_where_written", "eager_graphs_stored", "made_ready", "postponed",
+           "wrapped_after_backend"]
 
 _EAGER_GRAPHS: weakref.WeakSet[Any] = weakref.WeakSet()  # graphs torch's eager backend returned as they were
 _LAST = threading.local()  # the graph just compiled: run with subclass dispatch off? (torch names it right after)
@@ -198,3 +206,55 @@ def backends_recorded_where_written(package: Any, stored: StoredBackends, unchan
         return from_cache_entry(cache_entry, backends, *args, **kwargs)
 
     entry_class.from_cache_entry = staticmethod(with_stored_backends)
+
+
+class Deferred:
+    """A stored backend as torch installs it (its ``after_deserialization()``, called once, where first needed)."""
+
+    __slots__ = ("artifact", "fn", "lock")
+
+    def __init__(self, artifact: Any) -> None:
+        self.artifact: Any = artifact
+        self.fn: Any = None
+        self.lock = threading.Lock()
+
+    def ready(self) -> Any:
+        if self.fn is None:
+            with self.lock, LEDGER.spending():  # inside an offer: the offer's time
+                if self.fn is None:
+                    self.fn = self.artifact.after_deserialization()
+                    self.artifact = None
+        return self.fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return (self.fn or self.ready())(*args, **kwargs)
+
+
+class _Postponed:
+    """A stored backend handed to torch's install, whose deserialization is what torch installs: a :class:`Deferred`."""
+
+    __slots__ = ("artifact",)
+
+    def __init__(self, artifact: Any) -> None:
+        self.artifact = artifact
+
+    def after_deserialization(self) -> Deferred:
+        return Deferred(self.artifact)
+
+
+def postponed(backends: Any) -> Any:
+    """The backends an entry is installed with (torch's ``CompilePackage.install``), each deserialized where first
+    needed (see above); anything but a dict as it is."""
+    if not isinstance(backends, dict):
+        return backends
+    return {k: v if isinstance(v, _Postponed) or not hasattr(v, "after_deserialization") else _Postponed(v)
+            for k, v in backends.items()}
+
+
+def made_ready(code: Any, scope: dict[str, Any]) -> None:
+    """The stored backends that ``code`` (a variant's output code) calls by name in ``scope``, deserialized now."""
+    for name in getattr(code, "co_names", ()):
+        installed = scope.get(name) if isinstance(name, str) and name.startswith("__compiled_fn") else None
+        deferred = getattr(installed, "_torchdynamo_orig_callable", None)
+        if isinstance(deferred, Deferred):
+            deferred.ready()

@@ -12,8 +12,9 @@ import dataclasses
 import itertools
 from typing import Any
 
-from .objects import code_digest
-from .proofs import guards_digest
+from .effects import failed_load_contained
+from .objects import Refused, code_digest
+from .proofs import function_of, guards_digest, reason_of
 
 
 def packages_merged(state: Any, cache: Any) -> None:
@@ -234,6 +235,31 @@ def stored_code(entry: Any) -> Any:
     from torch._dynamo.package import SerializedCode
 
     return SerializedCode.to_code_object(entry.python_code)
+
+
+def loaded_if_same_code(state: Any, fn: Any, load: Any, innermost_fn: Any) -> Any:
+    """torch's load of ``fn``'s stored entry (``load``, torch's ``DynamoCache.load``), refused (counted in ``state``)
+    unless its main code is ``fn``'s code now, of the same module (``innermost_fn``: torch's, the wrapped function)."""
+    try:
+        with failed_load_contained(state):
+            result = load(fn)
+    except Exception as exc:  # noqa: BLE001
+        state.refuse_error(exc)
+        return None
+    if result is None:
+        return None
+    try:
+        func = function_of(innermost_fn(fn))
+        main = result.dynamo.codes[0]
+        if main.python_module != getattr(func, "__module__", None):
+            raise Refused("collision", f"an entry of {main.python_module} for {func.__module__}")
+        stored = stored_code(main)
+        if code_digest(stored) != code_digest(func.__code__):
+            raise Refused("code_changed", f"{func.__qualname__} changed since it was traced")
+    except Exception as exc:  # noqa: BLE001
+        state.refuse(reason_of(exc), str(exc))
+        return None
+    return result
 
 
 def merged_copies(copies: list[bytes]) -> bytes | None:

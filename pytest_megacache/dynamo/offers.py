@@ -17,12 +17,13 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
+from .backends import made_ready
 from .context import compile_context
 from .effects import NO_EFFECTS, Effects, Trace, count_again, shown_again
+from .ledger import LEDGER
 from .objects import Refused
 from .proofs import check_proofs
 from .shapes import fits, note_again, notes_of
@@ -254,6 +255,12 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
             return None
         offer, manager = found
         try:
+            made_ready(offer.dynamo_code, offer.scope)  # its compiled graphs, deserialized where first taken
+        except Exception as exc:  # noqa: BLE001 - never offered again here; the frame is traced
+            offer.failed = exc
+            state.refuse("load_failed", f"a stored compiled graph did not load: {type(exc).__name__}: {exc}")
+            return None
+        try:
             # what the trace noted of its inputs' shapes, as torch's objects (noted again below)
             notes = notes_of(offer.effects.shapes, code, closure, pgo) if offer.effects.shapes else []
         except Exception as exc:  # noqa: BLE001
@@ -271,7 +278,7 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
         # marks dynamic what differs, as where this frame was traced
         note_again(notes, pgo, torch._dynamo.config)
         state.taken.add(offer.digest)
-        _SPARED[0] += offer.seconds
+        LEDGER.spared += offer.seconds
         state.count("dynamo_frames_reused")
         # what torch notes of a frame it traced: its output code's origin (read where a later call of it recompiles)
         # and the code to reset with Dynamo's caches
@@ -286,17 +293,17 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
     def _compile(*args: Any, **kwargs: Any) -> Any:
         context, outer = None, state.retraced  # outer: an enclosing compile's, put back when this one ends
         state.retraced = NEW  # set by reused() for the frame traced next
-        started, key = time.perf_counter(), None
+        key = None
         try:
-            bound = signature.bind(*args, **kwargs).arguments
-            key = str(bound["compile_id"])
-            context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"], state.any_backend)
-            result = reused(bound, context)
+            with LEDGER.offering():
+                bound = signature.bind(*args, **kwargs).arguments
+                key = str(bound["compile_id"])
+                context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"],
+                                          state.any_backend)
+                result = reused(bound, context)
         except Exception as exc:  # noqa: BLE001 - any failure: the frame is traced as without the option
             state.refuse("torch_error", f"stored variants not offered: {type(exc).__name__}: {exc}")
             result = None
-        finally:
-            _OFFERED[0] += time.perf_counter() - started
         if result is not None:
             state.retraced = outer
             return result
@@ -327,22 +334,6 @@ def _trace(counters: Any, code: Any) -> Trace | None:
         return Trace(counters, code)
     except Exception:  # noqa: BLE001 - no trace noted: the frame is not stored (effects_of)
         return None
-
-
-_OFFERED = [0.0]  # seconds spent offering stored variants in this process (taken or passed over)
-_SPARED = [0.0]  # what the variants taken in this process took to trace and compile where they were traced
-
-
-def spared_seconds() -> float:
-    """The seconds the stored variants taken in this process took to trace and compile where they were traced (as
-    each recorded it): the compiling they spared here."""
-    return _SPARED[0]
-
-
-def offered_seconds() -> float:
-    """The seconds this process spent offering stored variants where Dynamo was about to trace: before torch's
-    compile timings start (a frame taken is never compiled), so its own phase of the process's time."""
-    return _OFFERED[0]
 
 
 class _Unpackaged(Exception):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -162,6 +162,8 @@ class TorchStats:
     # Dynamo reuse: what the stored Dynamo variants taken in this process took to trace and compile where
     # they were traced (part of seconds_saved)
     dynamo_spared: float = 0.0
+    # and what reuse itself cost them (offering, loading, installing: dynamo.cost_seconds), taken off seconds_saved
+    dynamo_cost: float = 0.0
     layers: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> restored/used/new
     workers: int = 0
     single_compile_thread: bool = False  # the plugin ran Inductor with one compile thread (the cache covered it)
@@ -191,7 +193,8 @@ class TorchStats:
         return cls(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds, adapter.counters(), per_test,
                    isa_checks={k: v for k, v in isaprobe.counts().items() if v},
                    dynamo_refusals=dynamo.refusal_reasons(),
-                   dynamo_spared=round(max(0.0, dynamo.spared_seconds() - adapter.spared_before), 3))
+                   dynamo_spared=round(max(0.0, dynamo.spared_seconds() - adapter.spared_before), 3),
+                   dynamo_cost=round(max(0.0, dynamo.cost_seconds() - adapter.cost_before), 3))
 
     def saved(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
         """Fold in what this process's Dynamo reuse counted while torch's artifacts were saved (after the counters
@@ -204,6 +207,30 @@ class TorchStats:
         for reason, detail in dynamo.refusal_reasons().items():
             self.dynamo_refusals.setdefault(reason, detail)
 
+    def count_use(self, cold: Mapping[tuple[str, str], float], restored: set[tuple[str, str]],
+                  ident: Callable[[str], tuple[str, str]], installed: Iterable[tuple[str, str]],
+                  restored_counts: Mapping[str, int], prefix: str) -> None:
+        """Per layer what was restored and used, and the seconds saved, each test's and the session's: what the
+        restored artifacts used (``restored``, object idents; a test's as ``ident`` reads them; Dynamo entries
+        ``installed``) cost cold (``cold``) less what their tests still spent in the backend, and what the Dynamo
+        variants taken spared less what reuse itself cost (never more than was spared). ``prefix``: of torch's kinds."""
+        used: set[tuple[str, str]] = set()
+        paid = 0.0  # what the tests that took restored artifacts still spent in the backend (loading them, say)
+        for record in self.per_test.values():
+            hits = [a for a in map(ident, record["artifacts"]) if a in restored]
+            spent = float(record.get("backend", 0.0)) if hits else 0.0
+            record["seconds_saved"] = round(max(0.0, sum(cold.get(a, 0.0) for a in hits) - spent), 3)
+            used.update(hits)
+            paid += spent
+        used.update(a for a in installed if a in restored)
+        self.seconds_saved = round(max(0.0, sum(cold.get(a, 0.0) for a in used) - paid + self.dynamo_spared
+                                       - self.dynamo_cost), 3)
+        for kind, count in restored_counts.items():
+            if kind.startswith(prefix):
+                self.layers[kind[len(prefix):]] = {"restored": count, "used": 0}
+        for kind, _key in used:
+            self.layers.setdefault(kind[len(prefix):], {"restored": 0, "used": 0})["used"] += 1
+
     def add(self, other: Mapping[str, Any]) -> None:
         """Fold in another process's stats (an xdist worker's, as a dict)."""
         self.workers += 1
@@ -211,6 +238,7 @@ class TorchStats:
         self.compiles += int(other.get("compiles", 0))
         self.compile_seconds += float(other.get("compile_seconds", 0.0))
         self.dynamo_spared = round(self.dynamo_spared + float(other.get("dynamo_spared", 0.0)), 3)
+        self.dynamo_cost = round(self.dynamo_cost + float(other.get("dynamo_cost", 0.0)), 3)
         for k, v in dict(other.get("counters", {})).items():
             self.counters[str(k)] = self.counters.get(str(k), 0) + int(v)
         self.per_test.update(dict(other.get("per_test", {})))

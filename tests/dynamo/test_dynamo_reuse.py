@@ -1112,8 +1112,9 @@ class TestDynamoReuse:
     def test_the_seconds_saved_count_the_dynamo_entries_taken(self, reuse_chain: ReuseChain) -> None:
         """Each stored variant carries what its trace and compile took (written at the session's end, outside any
         test, a Dynamo entry has no test to take a share of): a warm session counts saved what the variants it takes
-        took cold, and for the frames it traces again only the backend's part of their graphs' hits. So the figure
-        stays near what the warm run really compiled less."""
+        took cold less what reuse itself cost, and for the frames it traces again the backend's part of their graphs'
+        hits less what those tests still spent in the backend. So the figure stays near what the warm run really
+        spent less, and never claims reuse's own time as saved."""
         from pytest_megacache.dynamo import proofs as dp
 
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
@@ -1124,15 +1125,16 @@ class TestDynamoReuse:
         variants = [dp.unpack_guards(entry.data[at:]) for _path, _header, entries in objects for entry in entries
                     if entry.kind == "torch/precompile" for at in _starts(entry.data, b"megacache-guards-")]
         assert len(variants) >= 10 and sum(v.seconds > 0 for v in variants) >= 10, [v.seconds for v in variants]
-        # against torch's own records of its frames' compiles (the project's conftest), not the plugin's: at least
-        # what the warm run compiled less than the cold one (torch times taking a stored variant as a frame compile
-        # too), at most what the cold run compiled (each variant's seconds are timed inside torch's timing of its
-        # frame; read from the cold run alone, so another process slowing the warm one does not move it)
+        # against torch's own records of its frames' compiles (the project's conftest), not the plugin's: what the warm
+        # run compiled less than the cold one, less what reuse itself cost it (offering, loading, installing: not
+        # compiling), within what two runs' timings of one machine allow (a variant's seconds are timed inside torch's
+        # timing of its frame, in the cold run; the hits' backend time is the warm tests' own)
         cold_seconds = cold.counters["compile_seconds"]
-        spared = cold_seconds - warm.counters["compile_seconds"]
-        saved, taken = warm.report["torch"]["seconds_saved"], warm.report["torch"]["dynamo_spared"]
-        assert spared > 0 and 0 < taken <= saved and 0.75 * spared <= saved <= 1.05 * cold_seconds + 0.05, (
-            saved, taken, spared, cold_seconds)
+        torch_report = warm.report["torch"]
+        saved, taken, cost = torch_report["seconds_saved"], torch_report["dynamo_spared"], torch_report["dynamo_cost"]
+        spared = cold_seconds - warm.counters["compile_seconds"] - cost
+        assert spared > 0 and taken > 0 and 0 < cost < taken, (taken, cost)
+        assert 0.8 * spared <= saved <= 1.15 * spared + 0.1, (saved, taken, cost, spared, cold_seconds)
         # taking the stored variants is a phase of its own, not the tests' time (cold: only looking for none)
         [cold_times], [warm_times] = ([p for p in run.report["processes"] if p["process"] == "main"] for run in (cold, warm))
         assert warm_times["reused"] > cold_times["reused"] > 0, (cold_times, warm_times)

@@ -1231,3 +1231,67 @@ def test_a_frame_traced_while_its_stored_entry_waits_for_a_module_is_told_apart(
     assert not state.waiting_for(code, {"__name__": "other.module"})  # another module's code of that name and line
     state.waiting[("lib.layers", code.co_firstlineno, "forward")] = "json"  # the module is there now
     assert not state.waiting_for(code, {"__name__": "lib.layers"})
+
+
+class _Artifact:
+    """A stored backend as torch loads it: deserialized by ``after_deserialization()``."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.deserialized, self.fails = 0, fails
+
+    def after_deserialization(self) -> Any:
+        self.deserialized += 1
+        if self.fails:
+            raise RuntimeError("kernels did not load")
+        return lambda x: x + 1
+
+
+def _disabled(fn: Any) -> Any:
+    """torch._dynamo.disable's wrapper as far as the stand-ins see it: the callable it wraps, under its attribute."""
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    wrapper._torchdynamo_orig_callable = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def test_an_entrys_backends_are_deserialized_only_where_a_variant_calling_them_is_taken() -> None:
+    """torch's install deserializes each backend of an entry it installs (``after_deserialization``), every time a
+    wrapper installs it; postponed, each is deserialized once, where the variant that calls it is taken (or where
+    it is first called), and the time it takes is reuse's own cost."""
+    from pytest_megacache.dynamo import backends, ledger
+
+    taken, other = _Artifact(), _Artifact()
+    handed = backends.postponed({"__compiled_fn_1": taken, "__compiled_fn_2": other, "odd": 3})
+    assert handed["odd"] == 3 and backends.postponed(handed)["__compiled_fn_1"] is handed["__compiled_fn_1"]
+    # torch's install: what after_deserialization() gives is installed, under torch._dynamo.disable
+    scope = {name: _disabled(art.after_deserialization()) for name, art in handed.items() if name != "odd"}
+    assert taken.deserialized == other.deserialized == 0
+    code = compile("__compiled_fn_1(x)", "<variant>", "eval")
+    spans = len(ledger.LEDGER.spans)
+    backends.made_ready(code, scope)
+    backends.made_ready(code, scope)
+    assert (taken.deserialized, other.deserialized) == (1, 0)
+    assert len(ledger.LEDGER.spans) == spans + 1  # outside an offer: a span of its own
+    assert scope["__compiled_fn_1"](1) == 2 and scope["__compiled_fn_2"](1) == 2  # the other: where first called
+    assert (taken.deserialized, other.deserialized) == (1, 1)
+    with ledger.LEDGER.offering():  # inside an offer: the offer's time, no span
+        backends.made_ready(code, {"__compiled_fn_1": _disabled(backends.Deferred(_Artifact()))})
+    assert len(ledger.LEDGER.spans) == spans + 2
+    broken = {"__compiled_fn_1": _disabled(backends.postponed({"b": _Artifact(fails=True)})["b"].after_deserialization())}
+    with pytest.raises(RuntimeError, match="kernels did not load"):  # the offer refuses it: the frame is traced
+        backends.made_ready(code, broken)
+
+
+def test_reuses_own_time_is_counted_once_where_an_offer_installs_an_entry() -> None:
+    from pytest_megacache.dynamo.ledger import Ledger
+
+    ledger = Ledger()
+    with ledger.offering():
+        with ledger.spending():  # a deferred entry installed by an offer
+            pass
+    assert ledger.spans == [] and ledger.offered > 0
+    with ledger.spending():
+        with ledger.spending():
+            pass
+    assert len(ledger.spans) == 1 and ledger.cost() == pytest.approx(ledger.offered + ledger.spans[0][1] - ledger.spans[0][0])
