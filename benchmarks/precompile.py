@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -255,6 +256,7 @@ class Run:
     dynamo_seconds: float | None = None  # bench_dynamo_seconds.py: Dynamo's share of the compile seconds
     seconds_saved: float | None = None  # what the report claims the restored artifacts (and reused frames) spared
     phases: dict[str, float] = field(default_factory=dict)  # the main process's phases (the report's "processes")
+    peak_mb: float | None = None  # the pytest process's peak resident memory
     missed: dict[str, dict[str, int]] = field(default_factory=dict)  # test -> its miss counters, tests with any miss
     problems: list[str] = field(default_factory=list)
     tail: str = ""
@@ -333,6 +335,26 @@ def read_report(path: Path, run: Run) -> None:
 PRECOMPILE_ASKED = [False]  # --precompile-asked
 
 
+def measured(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, float | None]:
+    """Runs ``cmd``: its exit status (-1 where it was killed after ``TIMEOUT_S``), its output, and the process's peak
+    resident memory in MB (its own, not its children's: Inductor's compile workers are not counted)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    timer = threading.Timer(TIMEOUT_S, proc.kill)
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        out = proc.stdout.read().decode(errors="replace")
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    finally:
+        killed = not timer.is_alive()
+        timer.cancel()
+    if killed:
+        return -1, f"killed after {TIMEOUT_S} s\n{out}", None
+    return proc.returncode, out, usage.ru_maxrss / 1024  # kB on Linux
+
+
 def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | None, logs: Path) -> Run:
     root = work / f"{wl.name}-{mode}-r{repeat}"
     shutil.rmtree(root, ignore_errors=True)  # a mode run again in a kept --work folder starts as fresh as the first
@@ -355,14 +377,8 @@ def pytest_run(wl: Workload, mode: str, repeat: int, work: Path, store: Path | N
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench_dynamo_seconds", "-W", "ignore",
            f"--junitxml={junit}", *wl.args, *plugin]
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=wl.cwd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              timeout=TIMEOUT_S)
-        rc, out = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        rc, out = -1, f"killed after {TIMEOUT_S} s\n{partial}"
-    run = Run(wl.name, mode, repeat, returncode=rc, wall=time.perf_counter() - start, tail=out[-3000:])
+    rc, out, peak = measured(cmd, wl.cwd, env)
+    run = Run(wl.name, mode, repeat, returncode=rc, wall=time.perf_counter() - start, tail=out[-3000:], peak_mb=peak)
     read_junit(junit, run)
     if store is not None:
         read_report(report, run)
@@ -483,21 +499,22 @@ def compile_and_reuse(r: Run) -> float | None:
 
 
 def print_saved(by_mode: dict[str, list[Run]]) -> None:
-    """The main process's phases per mode, and what reuse claims to save beside what it measurably did: the
-    seconds saved of warm-pc less warm's, against warm's compile-and-reuse seconds less warm-pc's."""
+    """The main process's phases per mode, and what each warm run claims to save beside what it measurably did: its
+    seconds saved against its cold run's compile seconds less its own compile and reuse seconds (each chain against
+    its own cold run: two cold runs differ by more than reuse does)."""
     print("phases (main process, medians, s): " + " ".join(f"{p:>8}" for p in PHASE_COLUMNS))
     for mode, rs in by_mode.items():
         if rs and mode not in ("plain", "eager"):
             print(f"  {mode:31} " + " ".join(f"{fmt(median(rs, lambda r, p=p: r.phases.get(p))):>8}"
                                                for p in PHASE_COLUMNS))
-    claimed = [median(by_mode[m], lambda r: r.seconds_saved) for m in ("warm-pc", "warm")]
-    measured = [median(by_mode[m], compile_and_reuse) for m in ("warm", "warm-pc")]
-    if None in claimed or None in measured:
-        return
-    claim, spared = claimed[0] - claimed[1], measured[0] - measured[1]  # type: ignore[operator]
-    print(f"seconds saved by reuse (warm-pc less warm): claimed {claim:.2f} s, measured {spared:.2f} s (compile and "
-          f"reuse seconds, warm less warm-pc): claimed/measured {claim / spared:.2f}" if spared > 0 else
-          f"seconds saved by reuse (warm-pc less warm): claimed {claim:.2f} s, measured {spared:.2f} s")
+    for warm, cold in (("warm", "cold"), ("warm-pc", "cold-pc"), ("warm2-pc", "cold-pc")):
+        claimed, spent = median(by_mode[warm], lambda r: r.seconds_saved), median(by_mode[warm], compile_and_reuse)
+        cold_seconds = median(by_mode[cold], lambda r: r.compile_seconds)
+        if claimed is None or spent is None or cold_seconds is None:
+            continue
+        spared = cold_seconds - spent
+        print(f"seconds saved, {warm}: claimed {claimed:.2f} s, spared {spared:.2f} s ({cold}'s compile seconds less "
+              f"{warm}'s compile and reuse seconds)" + (f": claimed/spared {claimed / spared:.2f}" if spared > 0 else ""))
 
 
 def table(wl: str, runs: list[Run], repeats: int) -> None:
@@ -532,6 +549,9 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
         x, y = median(by_mode[a], key), median(by_mode[b], key)
         return "n/a" if x is None or not y else f"{x / y:.2f}"
 
+    def peak(r: Run) -> float | None:
+        return r.peak_mb
+
     def frames(r: Run) -> float | None:
         """Frames Dynamo traced: every compile of a run without reuse; those it traced with reuse."""
         return float(r.counter("dynamo_traced")) if r.mode.endswith("-pc") else r.compiles
@@ -549,7 +569,9 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
           f"session wall {ratio('warm-pc', 'warm', lambda r: r.wall)}")
     print_saved(by_mode)
     print(f"cold-pc/cold: compile seconds {ratio('cold-pc', 'cold', lambda r: r.compile_seconds)}, "
-          f"session wall {ratio('cold-pc', 'cold', lambda r: r.wall)}")
+          f"session wall {ratio('cold-pc', 'cold', lambda r: r.wall)}, peak memory {ratio('cold-pc', 'cold', peak)}")
+    print(f"warm-pc/warm peak memory {ratio('warm-pc', 'warm', peak)}; peak MB, cold / cold-pc / warm / warm-pc: "
+          + " / ".join(fmt(median(by_mode[m], peak), '.0f') for m in ('cold', 'cold-pc', 'warm', 'warm-pc')))
     print(f"warm/plain wall {ratio('warm', 'plain', lambda r: r.wall)}, warm-pc/plain wall "
           f"{ratio('warm-pc', 'plain', lambda r: r.wall)}")
     print(f"against eager (TORCHDYNAMO_DISABLE=1): warm/eager wall {ratio('warm', 'eager', lambda r: r.wall)}, "

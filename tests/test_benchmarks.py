@@ -4,6 +4,7 @@ on hand-made run records, so a wrong PASS cannot hide in the published tables. N
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -215,6 +216,25 @@ def test_precompile_records_kept_in_a_work_folder_come_back_marked_and_a_mode_ru
     pc.table("suite", [*again, warm], 1)
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("cold-pc* ") for line in lines) and any(line.startswith("warm-pc  ") for line in lines)
+
+
+def test_precompile_measures_each_runs_peak_memory_and_each_chains_seconds_saved_against_its_own_cold_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pc = load_benchmark("precompile.py")
+    rc, out, peak = pc.measured([sys.executable, "-c", "b = bytearray(64 << 20); print('done')"], tmp_path, {})
+    assert (rc, out.strip()) == (0, "done") and peak is not None and peak >= 64
+    monkeypatch.setattr(pc, "TIMEOUT_S", 0.5)
+    rc, out, peak = pc.measured([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, {})
+    assert rc == -1 and out.startswith("killed after 0.5 s") and peak is None
+    runs = {"cold": pc.Run("w", "cold", 0, compile_seconds=20.0),
+            "warm": pc.Run("w", "warm", 0, compile_seconds=4.0, seconds_saved=15.0),
+            "cold-pc": pc.Run("w", "cold-pc", 0, compile_seconds=22.0),
+            "warm-pc": pc.Run("w", "warm-pc", 0, compile_seconds=1.0, seconds_saved=25.0, phases={"reused": 1.0})}
+    pc.print_saved({m: [runs[m]] if m in runs else [] for m in pc.MODES})
+    printed = capsys.readouterr().out
+    assert "seconds saved, warm: claimed 15.00 s, spared 16.00 s" in printed and "claimed/spared 0.94" in printed
+    assert "seconds saved, warm-pc: claimed 25.00 s, spared 20.00 s" in printed and "claimed/spared 1.25" in printed
 
 
 def test_dynamo_seconds_count_the_unpickling_of_offered_variants_once() -> None:
