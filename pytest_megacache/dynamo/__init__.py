@@ -60,7 +60,9 @@ from .ledger import LEDGER, cost_seconds, cost_spans, offered_seconds, spared_se
 from .merge import enterable_codes, entry_signature, loaded_if_same_code, merged_copies, packages_merged
 from .merge import unchanged_since_installed as unchanged
 from .objects import importable, missing_module
-from .offers import NEW, UNSTABLE, Offer, Offers, offer_where_traced
+from .offers import NEW, NO_BUILTINS, UNSTABLE, Offer, Offers, guards_of, offer_where_traced
+from .patches import PATCHES
+from .proof_globals import prove_installed, recreated_globals
 from .proofs import (
     Refused,
     Stored,
@@ -78,7 +80,7 @@ from .shapes import watch_shapes
 
 __all__ = ["CHECKED_RELEASES", "COUNTERS", "MERGED_RELEASES", "before_first_load", "cost_seconds", "cost_spans",
            "final_release", "install", "merged_copies", "offered_seconds", "refusal_reasons", "release_checked",
-           "set_test", "spared_seconds", "used_entries"]
+           "set_test", "spared_seconds", "uninstall", "used_entries"]
 
 # Identity guards kept and proven (torch 2.13 refuses to serialize them, or drops them from the live guards).
 PROVABLE_GUARDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "CLASS_MATCH",
@@ -202,6 +204,7 @@ def install(rootdir: str, any_backend: bool = True) -> str | None:
 
 
 def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transformation: Any, pgo: Any) -> None:
+    replace = PATCHES.replace
     CompilePackage = package.CompilePackage
     CheckFunctionManager = guards.CheckFunctionManager
     cache = package.DynamoCache
@@ -209,7 +212,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
 
     # 1. Keys are the code.
     innermost_fn = torch._dynamo.eval_frame.innermost_fn
-    CompilePackage.source_id_from_fn = staticmethod(lambda fn: source_id(innermost_fn(fn), state.rootdir))
+    replace(CompilePackage, "source_id_from_fn", staticmethod(lambda fn: source_id(innermost_fn(fn), state.rootdir)),
+            "an entry's key is a digest of the function's module, path and code, not its qualname and first line")
 
     # 2. Guards stay whole: the live guard manager is built as without caching precompile (torch drops identity
     # guards from it when the flag is on); what is stored carries proofs for the identity guards.
@@ -232,8 +236,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
                 # the entry is marked bypassed, so torch stores nothing of this placeholder.
                 self.guards_state = b""
 
-    CheckFunctionManager.__init__ = __init__
-    CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = UNPROVABLE_GUARDS
+    replace(CheckFunctionManager, "__init__", __init__,
+            "the live guards built as without caching precompile, which drops identity guards from them")
+    replace(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", UNPROVABLE_GUARDS,
+            "identity guards are stored with proofs; guards on run-time state keep the frame out of the store")
     serialize = CheckFunctionManager.serialize_guards
 
     compile_id, counters = torch._guards.CompileContext.current_compile_id, torch._dynamo.utils.counters
@@ -279,6 +285,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
                         # on a builtin needs it in the stored scope too, where the guard is rebuilt on load
                         self.used_builtin_vars.add(steps[1][1])
             proofs.extend(proof for name, cls in classes.values() if (proof := prove_class(name, cls)))
+            proofs.extend(prove_installed(getattr(output_graph, "installed_globals", ()),
+                                          recreated_globals(output_graph, builtins_name), proofs, scope))
         except Refused as exc:
             state.refuse(exc.reason, str(exc))
             raise torch._dynamo.exc.PackageError(str(exc)) from None
@@ -302,7 +310,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             state.superseded.add(guards_digest(packed))
         return packed
 
-    CheckFunctionManager.serialize_guards = serialize_guards
+    replace(CheckFunctionManager, "serialize_guards", serialize_guards,
+            "identity guards stored with their proofs; a frame that cannot be stored is left out, never failed")
 
     load_guards_state = package.load_guards_state
     guards_state_class = guards.GuardsState
@@ -313,11 +322,12 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         # torch's install that no builtins dict is to be put in place yet (the offer does it, as torch does)
         stored = unpack_guards(data)
         placeholder = guards_state_class.__new__(guards_state_class)
-        object.__setattr__(placeholder, "output_graph", _NO_BUILTINS)
+        object.__setattr__(placeholder, "output_graph", NO_BUILTINS)
         state.pending[id(placeholder)] = (stored, guards_digest(data), placeholder)
         return placeholder
 
-    package.load_guards_state = load_guards_state_proven
+    replace(package, "load_guards_state", load_guards_state_proven,
+            "a variant's guard state unpickled where it is offered, not when its entry is installed")
     load_guard_manager = package.load_guard_manager
 
     def load_guard_manager_deferred(guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
@@ -330,7 +340,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         return Offer(target_code, None, stored.guards_state, runtime_global_scope, stored.proofs, stored.context,
                      state.installing, digest, stored.origin, stored.effects, stored.seconds)
 
-    package.load_guard_manager = load_guard_manager_deferred
+    replace(package, "load_guard_manager", load_guard_manager_deferred,
+            "each stored variant kept as an offer, its guards built where Dynamo is about to trace its code")
     eval_frame_c = torch._C._dynamo.eval_frame
     load_precompile_entry = eval_frame_c._load_precompile_entry
 
@@ -341,7 +352,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         state.offers.add(guard_manager)
         return None
 
-    eval_frame_c._load_precompile_entry = load_offer
+    replace(eval_frame_c, "_load_precompile_entry", load_offer,
+            "offers kept beside the code instead of installed on it, under any wrapper's backend")
     uninstall = CompilePackage.uninstall
 
     @functools.wraps(uninstall)
@@ -349,10 +361,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         state.offers.drop_package(self)
         uninstall(self)
 
-    CompilePackage.uninstall = uninstall_offers
+    replace(CompilePackage, "uninstall", uninstall_offers, "an uninstalled package's offers go with its globals")
     from torch._dynamo.output_graph import get_builtins_dict
 
-    offer_where_traced(state, torch, functools.partial(_guards_of, load_guards_state, get_builtins_dict,
+    offer_where_traced(state, torch, functools.partial(guards_of, load_guards_state, get_builtins_dict,
                                                        bytecode_transformation), load_guard_manager)
 
     # 3. Per frame, fail open. Loading: the stored main code must be the current code.
@@ -364,7 +376,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         with LEDGER.spending():
             return loaded_if_same_code(state, fn, load, innermost_fn)
 
-    cache.load = checked_load
+    replace(cache, "load", checked_load, "a stored entry is taken only for the code it was traced from")
 
     initialize = CompilePackage.initialize
 
@@ -387,7 +399,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
             self._megacache_fresh = True  # torch installs the loaded backends next: nothing is to be installed
             return None
 
-    CompilePackage.initialize = initialize_or_fresh
+    replace(CompilePackage, "initialize", initialize_or_fresh,
+            "an entry whose inlined sources changed, or whose modules are not there yet, leaves its frames traced")
 
     install_package = CompilePackage.install
 
@@ -437,7 +450,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         repairs.numbering_past(bytecode_transformation, modules)
         state.used.setdefault(self.source_id)
 
-    CompilePackage.install = install_or_fresh
+    replace(CompilePackage, "install", install_or_fresh, "an entry that fails to install leaves nothing behind; its "
+            "compiled graphs deserialized where first needed; what was installed noted for writing")
 
     def install_deferred(code: Any) -> None:
         """The stored entry of a function whose modules were missing when it was wrapped, installed where a frame of
@@ -502,27 +516,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
         except Exception as exc:  # noqa: BLE001
             state.refuse("unpicklable", f"{type(exc).__name__}: {exc}")
 
-    cache.write = write_each
-
-
-_NO_BUILTINS = type("NoBuiltinsYet", (), {"name_of_builtins_dict_key_in_fglobals": None})()
-
-
-def _guards_of(load_guards_state: Any, builtins_of: Any, bytecode_transformation: Any, stored: bytes,
-               scope: dict[str, Any]) -> Any:
-    """A variant's guard state unpickled by torch (``load_guards_state``), with the builtins dict its guards name put
-    into the module's globals where it is missing, as torch's install does (``builtins_of``: torch's
-    ``get_builtins_dict``)."""
-    loaded = load_guards_state(stored)
-    name = getattr(loaded.output_graph, "name_of_builtins_dict_key_in_fglobals", None)
-    if name:
-        builtins_dict = builtins_of(scope)
-        if scope.setdefault(name, builtins_dict) is not builtins_dict:
-            raise Refused("global_changed", f"{name} is not the builtins dict")
-        # numbered by the tracing process: a frame traced from now on must not pick the same name (torch asserts,
-        # and the frame runs eagerly)
-        repairs.numbering_past_name(bytecode_transformation, name)
-    return loaded
+    replace(cache, "write", write_each, "one entry that does not pickle costs that entry only")
 
 
 def _defer(state: _Reuse, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any) -> None:
@@ -549,6 +543,19 @@ def _fresh(pkg: Any, fn: Any, initialize: Any) -> None:
     pkg._resume_codes = set()
     pkg.__dict__.pop("source_id", None)
     initialize(pkg, fn, None, False)
+
+
+def uninstall() -> int:
+    """Every patch of torch removed, the last first (:mod:`.patches`: torch's functions are torch's own again) and
+    caching precompile off; how many patches there were. :func:`install` may put them in place again."""
+    global _STATE
+    removed = PATCHES.remove_all()
+    if _STATE is not None:
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.caching_precompile = False
+        _STATE = None
+    return removed
 
 
 def before_first_load(callback: Any) -> bool:

@@ -41,6 +41,7 @@ import weakref
 from typing import Any
 
 from .ledger import LEDGER
+from .patches import PATCHES
 
 __all__ = ["backends_recorded_once", "backends_recorded_where_written", "eager_graphs_stored", "made_ready", "postponed",
            "wrapped_after_backend"]
@@ -128,10 +129,13 @@ def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any)
         return as_run({key: artifact})[key] if (artifact := serialize(key)) is not None else None
 
     named._megacache_eager = True  # type: ignore[attr-defined]
-    output_graph.call_user_compiler = compiled_by
-    package.CompilePackage.add_backend_id = named
-    entry_class.from_cache_entry = staticmethod(written_as_run)
-    setattr(PrecompileContext, "serialize_artifact_by_key", staticmethod(serialized))  # noqa: B010 - torch's classmethod
+    PATCHES.replace(output_graph, "call_user_compiler", compiled_by, "a graph torch's eager backend returned is noted")
+    PATCHES.replace(package.CompilePackage, "add_backend_id", named,
+                    "a graph of torch's eager backend is recorded as the backend stored with its frame")
+    PATCHES.replace(entry_class, "from_cache_entry", staticmethod(written_as_run),
+                    "a graph torch runs with subclass dispatch off is written as it ran")
+    PATCHES.replace(PrecompileContext, "serialize_artifact_by_key", staticmethod(serialized),
+                    "a graph torch runs with subclass dispatch off is serialized as it ran")
 
 
 class StoredBackends:
@@ -182,8 +186,9 @@ def backends_recorded_once(cache: Any) -> StoredBackends:
             with stored.lock:
                 stored.held_by[str(artifact.key)] = str(key)
 
-    setattr(owner, "load_cache_entry", load_lazily)  # noqa: B010 - a class found at run time
-    setattr(PrecompileContext, "record_artifact", staticmethod(record_once))  # noqa: B010 - torch's classmethod
+    PATCHES.replace(owner, "load_cache_entry", load_lazily, "a loaded entry's backends are noted, not deep-copied")
+    PATCHES.replace(PrecompileContext, "record_artifact", staticmethod(record_once),
+                    "a loaded entry's backends are recorded only where an entry calling them is written")
     return stored
 
 
@@ -205,7 +210,8 @@ def backends_recorded_where_written(package: Any, stored: StoredBackends, unchan
             return None
         return from_cache_entry(cache_entry, backends, *args, **kwargs)
 
-    entry_class.from_cache_entry = staticmethod(with_stored_backends)
+    PATCHES.replace(entry_class, "from_cache_entry", staticmethod(with_stored_backends),
+                    "an entry as it was installed is not written again; another first gets the stored backends it calls")
 
 
 class Deferred:

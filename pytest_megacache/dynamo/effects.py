@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from .objects import Refused
+from .patches import PATCHES
 from .shapes import Note, read_shapes
 
 # torch's counter groups that tracing a frame adds to (torch 2.13: ``output_graph``, ``symbolic_convert``, ``exc``):
@@ -241,7 +242,8 @@ def watch_warnings(state: ReuseState, compile_id: Any, output_graph: Any = None)
                 _BACKEND.depth -= 1
 
         in_backend._megacache_watch = True  # type: ignore[attr-defined]
-        output_graph.call_user_compiler = in_backend
+        PATCHES.replace(output_graph, "call_user_compiler", in_backend,
+                        "what a trace does inside its backend is told apart from what the trace does")
 
     def note(msg: Any, frame: Any) -> None:
         if getattr(_BACKEND, "depth", 0):
@@ -266,7 +268,8 @@ def watch_warnings(state: ReuseState, compile_id: Any, output_graph: Any = None)
             return show(msg)
 
         showwarnmsg._megacache_watch = True  # type: ignore[attr-defined]
-        warnings._showwarnmsg = showwarnmsg  # type: ignore[attr-defined]
+        PATCHES.replace(warnings, "_showwarnmsg", showwarnmsg,
+                        "a warning shown while a frame is traced is kept, to be shown again where its variant is taken")
 
 
 class _FailedLoadRecord(logging.Filter):

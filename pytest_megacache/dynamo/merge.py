@@ -14,6 +14,7 @@ from typing import Any
 
 from .effects import failed_load_contained
 from .objects import Refused, code_digest
+from .patches import PATCHES
 from .proofs import function_of, guards_digest, reason_of
 
 
@@ -54,7 +55,8 @@ def packages_merged(state: Any, cache: Any) -> None:
         except Exception as exc:  # noqa: BLE001 - the last package alone, as torch keeps it
             state.refuse("torch_error", f"packages of one function not merged: {type(exc).__name__}: {exc}")
 
-    cache.record_package = record_package
+    PATCHES.replace(cache, "record_package", record_package,
+                    "every wrapper of one function is one entry: the variants of each are merged, not the last kept")
 
 
 _SERIALS = itertools.count()

@@ -25,7 +25,9 @@ from .context import compile_context
 from .effects import NO_EFFECTS, Effects, Trace, count_again, shown_again
 from .ledger import LEDGER
 from .objects import Refused
+from .patches import PATCHES
 from .proofs import check_proofs
+from .repairs import numbering_past_name
 from .shapes import fits, note_again, notes_of
 
 # Refusals that any later process would make too, so the variant is not stored again from this one: a class's
@@ -326,7 +328,8 @@ def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dic
                 state.traces.pop(key, None)
             state.retraced = outer
 
-    convert_frame._compile = _compile
+    PATCHES.replace(convert_frame, "_compile", _compile,
+                    "a stored variant is taken where Dynamo is about to trace a frame of its code, under its compile")
 
 
 def _trace(counters: Any, code: Any) -> Trace | None:
@@ -334,6 +337,27 @@ def _trace(counters: Any, code: Any) -> Trace | None:
         return Trace(counters, code)
     except Exception:  # noqa: BLE001 - no trace noted: the frame is not stored (effects_of)
         return None
+
+
+NO_BUILTINS = type("NoBuiltinsYet", (), {"name_of_builtins_dict_key_in_fglobals": None})()
+
+
+def guards_of(load_guards_state: Any, builtins_of: Any, bytecode_transformation: Any, stored: bytes,
+               scope: dict[str, Any]) -> Any:
+    """A variant's guard state unpickled by torch (``load_guards_state``), with the builtins dict its guards name put
+    into the module's globals where it is missing, as torch's install does (``builtins_of``: torch's
+    ``get_builtins_dict``)."""
+    loaded = load_guards_state(stored)
+    name = getattr(loaded.output_graph, "name_of_builtins_dict_key_in_fglobals", None)
+    if name:
+        builtins_dict = builtins_of(scope)
+        if scope.setdefault(name, builtins_dict) is not builtins_dict:
+            raise Refused("global_changed", f"{name} is not the builtins dict")
+        # numbered by the tracing process: a frame traced from now on must not pick the same name (torch asserts,
+        # and the frame runs eagerly)
+        numbering_past_name(bytecode_transformation, name)
+    return loaded
+
 
 
 class _Unpackaged(Exception):
@@ -371,4 +395,5 @@ def _code_context_named(torch: Any) -> None:
     def code_context_named(self: Any, code: Any) -> Any:
         return _Entered(code_context(self, code), package_error)
 
-    package_class.code_context = code_context_named
+    PATCHES.replace(package_class, "code_context", code_context_named,
+                    "a frame whose code torch cannot record in the wrapper's entry is compiled outside it, not failed")

@@ -9,6 +9,10 @@ The guard kinds they stand for: ``ID_MATCH``, ``FUNCTION_MATCH``, ``CLOSURE_MATC
 - A global whose name Dynamo made from an object's address in the tracing process (``_<id>_c<n>``: the ``torch``
   module for ``type(x)`` on a tensor, say) is not in a later process's globals. What it held is stored, found again
   by name at load (a module, a class or a function, among the modules already imported) and bound before the check.
+- So is every global the trace installed that its output code may read and that torch's install does not make again
+  (:func:`prove_installed`: a tensor subclass's class, ``__subclass_<name>_<id>_c<n>``, which the output code uses to
+  wrap what it returns); a frame whose trace installed one that cannot be found by name (a function made during the
+  trace, a weak reference, a stream) is not stored: its variant would fail where it is taken.
 
 On load the path is followed in the module's globals as they are then; the guard is rebuilt on that object.
 """
@@ -16,7 +20,7 @@ On load the path is followed in the module's globals as they are then; the guard
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .objects import Refused, describe, describe_member, find
@@ -71,3 +75,31 @@ def check_global(proof: dict[str, Any], steps: list[Step], scope: dict[str, Any]
         raise Refused("global_changed", f"{path_text(steps)} is gone ({type(exc).__name__})") from None
     if what != proof["is"]:
         raise Refused("global_changed", f"{path_text(steps)} is another object than the one traced")
+
+
+def recreated_globals(output_graph: Any, builtins_name: str | None) -> set[str]:
+    """The globals of a trace that torch's install of its entry makes again: the compiled graphs, resume functions
+    and imports that its package's code entries record (a resume function is an entry of its own), and the builtins
+    dict."""
+    package = getattr(output_graph, "package", None)
+    entries = [*getattr(package, "_codes", {}).values(), getattr(package, "_current_entry", None)]
+    names = {str(name) for entry in entries if entry is not None
+             for field in ("backend_ids", "function_names", "import_sources") for name in getattr(entry, field, ())}
+    return names | ({builtins_name} if builtins_name else set())
+
+
+def prove_installed(installed: Iterable[str], recreated: set[str], proofs: list[dict[str, Any]],
+                    scope: dict[str, Any]) -> list[dict[str, Any]]:
+    """Proofs binding again each global of ``installed`` (torch's names of the globals a trace put in the frame's
+    module) that torch's install does not make (``recreated``: the entry's backends, resume functions, imports and
+    builtins dict) and that none of ``proofs`` binds: what it holds, found by name. Raises :class:`Refused` for one
+    that cannot be found so."""
+    bound = {str(proof["path"][0][1]) for proof in proofs if "bind" in proof}
+    out: list[dict[str, Any]] = []
+    for name in sorted(set(installed) - recreated - bound):
+        value = scope.get(name)
+        held = describe(value) if name in scope else None
+        if held is None or held[0] not in _FINDABLE or find(held) is not value:
+            raise Refused("unsupported_guard", f"the output code reads {name}, a global of this process only")
+        out.append({"path": [("global", name)], "is": held, "bind": held})
+    return out

@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .patches import PATCHES
+
 
 def _autograd_cache() -> Any:
     """torch's AOTAutograd cache module, or None where it has another layout (then nothing of it is changed)."""
@@ -56,8 +58,9 @@ def bundling_fails_open(state: Any) -> None:
     def save_entry(key: Any, entry: Any, *args: Any, **kwargs: Any) -> Any:
         return None if entry is None else save(key, entry, *args, **kwargs)
 
-    cache.make_entry = staticmethod(make_entry_or_none)
-    cache.save = staticmethod(save_entry)
+    PATCHES.replace(cache, "make_entry", staticmethod(make_entry_or_none),
+                    "a graph whose code is not Inductor's output gets no AOTAutograd entry, as without the option")
+    PATCHES.replace(cache, "save", staticmethod(save_entry), "an entry not made is not saved")
 
 
 def inlined_sources_once(package: Any) -> None:
@@ -76,7 +79,8 @@ def inlined_sources_once(package: Any) -> None:
             seen = known[id(code)] = (code, frozenset(scratch.inlined_sources))
         self.inlined_sources.update(seen[1])
 
-    source_info.add_code = add_code_once
+    PATCHES.replace(source_info, "add_code", add_code_once,
+                    "what torch records of one inlined code object is read once per process, not at each trace")
 
 
 def inlined_sources_shared(cache: Any) -> None:
@@ -108,7 +112,7 @@ def inlined_sources_shared(cache: Any) -> None:
             pass
         return entry
 
-    cache.read = read_shared
+    PATCHES.replace(cache, "read", read_shared, "a stored entry's module texts are held once per process")
 
 
 def module_texts_left_out(entry: Any) -> Any:
@@ -155,7 +159,8 @@ def key_without_backend_id() -> None:
         finally:
             object.__setattr__(aot_config, "precompile_backend_id", backend_id)
 
-    pickler._reduce_aot_config = reduce_aot_config
+    PATCHES.replace(pickler, "_reduce_aot_config", reduce_aot_config,
+                    "AOTAutograd's cache key computed without the compiled function's per-process name")
 
 
 
@@ -204,8 +209,8 @@ def _constructor_takes_derived(cls: type) -> None:
             if name not in given and getattr(self, name) != values[name]:
                 raise TypeError(f"{cls.__name__}: {name} {values[name]!r} is not the value derived")
 
-    cls.__init__ = __init__  # type: ignore[misc]
-    cls._megacache_unpickles = True  # type: ignore[attr-defined]
+    PATCHES.replace(cls, "__init__", __init__, "guards on a function's default values unpickle again")
+    PATCHES.replace(cls, "_megacache_unpickles", True, "marks the class done")
 
 
 def backendless_variants_dropped(package: Any, state: Any) -> None:
@@ -232,7 +237,8 @@ def backendless_variants_dropped(package: Any, state: Any) -> None:
             pass
         return from_cache_entry(cache_entry, backends, *args, **kwargs)
 
-    entry_class.from_cache_entry = staticmethod(from_cache_entry_per_variant)
+    PATCHES.replace(entry_class, "from_cache_entry", staticmethod(from_cache_entry_per_variant),
+                    "only the variants calling a missing backend are left out of what is written, not the whole code")
 
 
 NO_BACKEND = ("torch stored no compiled graph for it (a forward whose backward never ran, or a graph torch could not "
@@ -286,7 +292,8 @@ def module_globals_by_name(package: Any) -> None:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return _serialized_code, (type(self), {**fields, "co_consts": consts})
 
-    setattr(serialized, "__reduce_ex__", __reduce_ex__)  # noqa: B010 - torch's class, typed by narrowing
+    PATCHES.replace(serialized, "__reduce_ex__", __reduce_ex__,
+                    "an output code holding its module's globals pickles them by the module's name")
 
 
 def _is_module_globals(const: Any) -> bool:

@@ -23,6 +23,7 @@ import functools
 from typing import Any
 
 from .objects import Refused, describe, find
+from .patches import PATCHES
 
 FRAME = "frame"  # a note about the traced frame's own code
 MAX_NOTES = 256  # per frame traced; a trace that made more is not stored
@@ -165,7 +166,8 @@ def watch_shapes(state: Any, compile_id: Any, pgo: Any) -> None:
         return result
 
     update_noted._megacache_watch = True  # type: ignore[attr-defined]
-    pgo.update_automatic_dynamic = update_noted
+    PATCHES.replace(pgo, "update_automatic_dynamic", update_noted,
+                    "what a trace notes of its inputs' shapes is stored with the variant and noted again where taken")
 
 
 Note = tuple[Any, str, dict[str, Any], "dict[str, Any] | None"]  # where, input name, the note, what was held before

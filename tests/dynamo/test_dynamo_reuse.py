@@ -1174,6 +1174,8 @@ from torch._dynamo.precompile_context import EagerCacheArtifact, PrecompileConte
 
 from pytest_megacache.dynamo.backends import backends_recorded_once, backends_recorded_where_written
 
+RECORD = vars(PrecompileContext)["record_artifact"]
+
 KEY, OTHER = "__compiled_fn_1_a", "__compiled_fn_2_b"
 loads = []
 
@@ -1220,6 +1222,30 @@ assert make(Entry(OTHER), recorded) == {OTHER: ["compiled"]} and loads[4:] == []
 # a stored entry that cannot be read again: the entry calling its backend is not written (the stored one stays)
 stored.held_by["__compiled_fn_3_c"] = "gone"
 assert make(Entry(OTHER, "__compiled_fn_3_c"), recorded) is None and loads[4:] == ["gone"]
+
+# Reuse installed and removed in one process: every function of torch it replaced is torch's own again.
+import torch._dynamo.config
+import torch._dynamo.convert_frame
+import torch._dynamo.package
+
+from pytest_megacache import dynamo
+from pytest_megacache.dynamo.patches import PATCHES
+
+assert dynamo.uninstall() == 3 and vars(PrecompileContext)["record_artifact"] is RECORD  # the ones above
+ours = (torch._dynamo.convert_frame, "_compile"), (torch._dynamo.package.CompilePackage, "install")
+before = [vars(owner)[name] for owner, name in ours]
+for _ in range(2):  # and again after removal
+    assert dynamo.install(".") is None and torch._dynamo.config.caching_precompile
+    assert [vars(owner)[name] for owner, name in ours] != before
+    count = len(PATCHES)
+    first = {}  # what each replaced attribute held before the first patch of it
+    for p in PATCHES:
+        first.setdefault((id(p.owner), p.name), (p.owner, p.name, None if p.inherited else p.original))
+    assert len(first) >= 20
+    assert dynamo.uninstall() == count and len(PATCHES) == 0
+    assert [(owner, name) for owner, name, original in first.values()
+            if (vars(owner).get(name) is not original if original is not None else name in vars(owner))] == []
+    assert [vars(owner)[name] for owner, name in ours] == before and not torch._dynamo.config.caching_precompile
 print("checked")
 """
 
@@ -1228,7 +1254,8 @@ def test_a_loaded_entrys_backends_are_recorded_only_where_it_is_written(tmp_path
     """torch deep-copies each backend of an entry it loads into its precompile context, for writing the entry again;
     a suite that wraps a function anew in each test loads its entry each time. A loaded backend is not copied: where
     an entry calling it is made up for writing, the stored entry holding it is read again (once), and an entry as it
-    was installed is not made up at all; a backend a compile records is recorded as torch records it. (In a process
+    was installed is not made up at all; a backend a compile records is recorded as torch records it. Then reuse
+    is installed and removed twice: each time every function of torch it replaced is torch's own again. (In a process
     of its own: torch's state.)"""
     import os
     import subprocess

@@ -3,6 +3,7 @@ paths and proofs of identity guards, the stored form of guards; and the checked 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -19,6 +20,7 @@ import pytest
 
 from pytest_megacache import dynamo as dr
 from pytest_megacache.dynamo import effects as dynamo_effects
+from pytest_megacache.dynamo import offers as dynamo_offers
 from pytest_megacache.dynamo import proofs as dp
 from pytest_megacache.dynamo import repairs as dynamo_repairs
 from pytest_megacache.dynamo.paths import path_text
@@ -347,6 +349,38 @@ def test_a_global_named_after_an_address_is_bound_again_by_what_it_held() -> Non
         dp.check_proofs(_stored(proof), {}, {}, None)
     with pytest.raises(dp.Refused):  # the name holds another object in this process
         dp.check_proofs(_stored(proof), {name: os}, {}, bind)
+
+
+def test_a_global_the_trace_installed_for_its_output_code_is_bound_again_or_the_frame_is_not_stored() -> None:
+    """A trace installs globals its output code reads (a tensor subclass's class, to wrap what the graph returns, as
+    ``__subclass_<name>_<id>_c<n>``) that torch's install of the entry does not make again: each is stored with what
+    it held and bound again where the variant is taken (without, the variant failed there with a NameError); one that
+    cannot be found by name keeps the frame out of the store. The entry's own backends, resume functions, imports
+    and builtins dict are torch's to make again."""
+    from pytest_megacache.dynamo.proof_globals import prove_installed, recreated_globals
+
+    subclass, made = f"__subclass_OrderedDict_{id(collections.OrderedDict)}_c7", "__warnings_warn_wrapper_0"
+    entry = types.SimpleNamespace(backend_ids=["__compiled_fn_1"], function_names=[],
+                                  import_sources={"__import_math": "math"})
+    resume = types.SimpleNamespace(backend_ids=[], function_names=["__resume_at_4_2"], import_sources={})
+    package = types.SimpleNamespace(_current_entry=entry, _codes={"f": entry, "resume": resume})
+    graph = types.SimpleNamespace(package=package,
+                                  installed_globals={subclass, "__compiled_fn_1", "__resume_at_4_2", "__import_math",
+                                                     "__builtins_dict___0"})
+    recreated = recreated_globals(graph, "__builtins_dict___0")
+    assert recreated == {"__compiled_fn_1", "__resume_at_4_2", "__import_math", "__builtins_dict___0"}
+    scope: dict[str, Any] = {subclass: collections.OrderedDict, "__compiled_fn_1": print}
+    [proof] = prove_installed(graph.installed_globals, recreated, [], scope)
+    assert proof["path"] == [("global", subclass)] and proof["is"] == proof["bind"]
+    assert proof["is"][:3] == ["class", "collections", "OrderedDict"]  # and its definition's digest
+    assert prove_installed(graph.installed_globals, recreated, [proof], scope) == []  # bound by a guard's proof
+    later: dict[str, Any] = {}
+    dp.check_proofs(_stored(proof), later, {}, later.__setitem__)
+    assert later == {subclass: collections.OrderedDict}
+    with pytest.raises(dp.Refused, match="a global of this process only"):
+        prove_installed({made}, recreated, [], {made: lambda *a: None})
+    with pytest.raises(dp.Refused):  # installed, and gone from the globals already
+        prove_installed({subclass}, recreated, [], {})
 
 
 def test_an_extension_function_is_described_as_a_modules_member() -> None:
@@ -914,15 +948,15 @@ def test_a_variants_builtins_dict_is_put_in_place_when_offered_and_its_number_ne
     stored = types.SimpleNamespace(output_graph=types.SimpleNamespace(
         name_of_builtins_dict_key_in_fglobals="__builtins_dict___41"))
     scope: dict[str, Any] = {"__builtins__": builtins_dict}
-    loaded = dr._guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
+    loaded = dynamo_offers.guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
     assert loaded is stored and scope["__builtins_dict___41"] is builtins_dict
     assert next(counter._unique_id_counter) == 42  # a frame traced next names its globals after it
     counter._unique_id_counter = itertools.count(100)
-    dr._guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
+    dynamo_offers.guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
     assert next(counter._unique_id_counter) == 100  # never moved back
     scope["__builtins_dict___41"] = {"len": None}
     with pytest.raises(dp.Refused, match="not the builtins dict"):
-        dr._guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
+        dynamo_offers.guards_of(lambda data: stored, lambda s: s["__builtins__"], counter, b"pickle", scope)
 
 
 def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_written() -> None:
