@@ -32,7 +32,9 @@ __all__ = ["Refused", "Stored", "check_proofs", "code_digest", "describe", "desc
            "guards_digest", "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "tag_of_test",
            "unpack_guards"]
 
-_MAGIC = b"megacache-guards-4\n"
+# the stored guards' format; a variant stored in an earlier one is refused (5: the globals its trace installed are
+# proven, without which a variant read a global it could not bind)
+_MAGIC = b"megacache-guards-5\n"
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
 _ID_PREFIX = b"pytest-megacache dynamo entry 4\0"
 MAX_SECONDS = 86_400.0  # what a stored variant may say its trace took (an unverified input when read)

@@ -1246,10 +1246,10 @@ def test_a_variant_keeps_what_its_trace_took_outside_its_identity() -> None:
     counted = {"counters": {"stats": {"seconds": 2}}}
     assert dp.guards_digest(dp.pack_guards(proofs, "ctx", b"state", "tag", effects=counted, seconds=3.0)) == (
         dp.guards_digest(dp.pack_guards(proofs, "ctx", b"state", "tag", effects=counted))) != dp.guards_digest(plain)
-    magic = len(b"megacache-guards-4\n")
+    magic = len(b"megacache-guards-5\n")
     for bad in (b"-1", b"1e300", b'"1"', b"true"):
         header = plain[magic + 8:-len(b"state")].replace(b'"test":"tag"', b'"test":"tag","seconds":' + bad)
-        forged = b"megacache-guards-4\n" + len(header).to_bytes(8, "big") + header + b"state"
+        forged = b"megacache-guards-5\n" + len(header).to_bytes(8, "big") + header + b"state"
         assert dp.unpack_guards(forged).seconds == 0.0 and dp.unpack_guards(forged).proofs == proofs, bad
     assert dp.pack_guards(proofs, "ctx", b"state", seconds=float("nan")) == dp.pack_guards(proofs, "ctx", b"state")
 
