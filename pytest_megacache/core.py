@@ -18,11 +18,11 @@ from .bundle import PRECOMPILE_KIND, Entries, Entry, Limits
 from .compaction import PART_FIELD, STALE_GROUP_SECONDS, Held, units
 from .errors import BundleError, LocalDiskError, StoreError, redact_cut
 from .files import FileRoot, inductor_cache_dir, place_dynamo, torch_cache_ident
-from .report import LoadStats, RestoreStats, TorchStats, UploadStats
+from .report import LoadStats, RestoreStats, TorchStats, UploadStats, unstorable_note, unused_note
 from .restore import RESTORE_GRACE, Diagnosis, Restore, Stager, nearest_fingerprint, producer_selections
 from .scratch import Scratch
 from .stores import Deadline, ObjectInfo, Store, bounded
-from .torch_adapter import HIT_COUNTERS, MISS_COUNTERS, LoadResult, TorchAdapter, counter_sum
+from .torch_adapter import LoadResult, MegaCache, TorchAdapter
 from .upload import Profiles, Upload, artifact_ident, plural_entries, restored_cold_seconds
 
 __all__ = [
@@ -193,7 +193,7 @@ class CacheSession:
         self.restore.wait_diagnosis()
 
     # --- load -------------------------------------------------------------------------------------
-    def load_into_torch(self, loader: Callable[[bytes], LoadResult] = TorchAdapter.load) -> None:
+    def load_into_torch(self, loader: Callable[[bytes], LoadResult] = MegaCache.load) -> None:
         """Called on the first compile: wait for the restore, validate, hand torch its artifacts."""
         if self._loaded:
             return
@@ -222,41 +222,6 @@ class CacheSession:
             self.problem(f"torch did not load the restored artifacts: {result.error}")
 
     # --- collect, merge, upload ------------------------------------------------------------------
-    def collect(self, adapter: TorchAdapter | None) -> Entries:
-        """What this session compiled or hit: torch's artifacts (none without ``adapter``) plus the files it added."""
-        session = Entries()
-        before = TorchAdapter.counters() if adapter is not None else {}
-        try:
-            container = adapter.save() if adapter is not None else None
-        except Exception as exc:  # noqa: BLE001
-            self.problem(f"torch.compiler.save_cache_artifacts failed: {type(exc).__name__}: {exc}")
-            container = None
-        if adapter is not None:  # Dynamo entries refused while written (an entry that does not pickle) count too
-            self.torch_stats.saved(before, TorchAdapter.counters())
-        if container is not None:
-            refused: list[str] = []
-            try:
-                session.update(bundlemod.entries_from_torch(container, refused))
-            except BundleError as exc:
-                self.problem(f"torch's saved artifacts failed validation, not uploading them: {exc}")
-            if refused:  # one artifact with an odd key costs that artifact, not all of them
-                self.problem(f"not uploading {len(refused)} of torch's artifacts: {'; '.join(refused[:3])}")
-        # torch's on-disk cache entries that neither this process recorded nor the restore brought: compiled
-        # by a child process (torchrun, mp.spawn, subprocess) into the same directory. They travel as files.
-        known = {e.ident for e in session} | {e.ident for e in self.restored.of_kind_prefix(bundlemod.TORCH_PREFIX)}
-        for root in self.roots:
-            entries, skipped = root.collect(self.before.get(root.kind, set()), scratch_dir=self.scratch.path())
-            for entry in entries:
-                ident = torch_cache_ident(entry.name) if root.name == "inductor" else None
-                if ident in known:
-                    continue  # mega-cache carries it
-                if ident is not None:
-                    layer = ident[0][len(bundlemod.TORCH_PREFIX):]
-                    self.torch_stats.other_processes[layer] = self.torch_stats.other_processes.get(layer, 0) + 1
-                session.add(entry)
-            self.upload_stats.files_skipped.extend(skipped)
-        return session
-
     def account(self, adapter: TorchAdapter | None, workers: Sequence[Mapping[str, Any]] = ()) -> TorchStats:
         """torch's figures for this session (and its xdist workers'), with per-layer use and seconds saved."""
         ts = TorchStats.from_adapter(adapter) if adapter is not None else TorchStats()
@@ -281,48 +246,14 @@ class CacheSession:
         return bool(selection) and selection in self.producer_selections()
 
     def check_unused(self, selection: str | None) -> None:
-        """Restored objects that torch hit none of: a note, never a problem. The environment settings that
-        change keys are in the fingerprint (another folder), so what is left is a session that compiled only
-        graphs the store lacks (new or changed code or config, another shard): healthy, and said so, with the
-        likely causes when the objects came from a run of these very tests. After a failed load, that failure
-        was the problem already."""
-        r, t = self.restore_stats, self.torch_stats
-        hits, misses = counter_sum(t.counters, HIT_COUNTERS), counter_sum(t.counters, MISS_COUNTERS)
-        if not (r.objects_used and t.compiled and hits == 0 and misses > 0) or (self.load_stats.called
-                                                                               and not self.load_stats.ok):
-            return
-        note = (f"restored {r.objects_used} object(s); this session compiled only graphs they do not hold "
-                f"({misses} misses)")
-        if self.expects_full_coverage(selection):
-            note += (": they were stored by a run of these same tests, so the code or an Inductor/Dynamo setting "
-                     "changed since (config patches in code, OMP_NUM_THREADS, model code)")
-        else:
-            note += ": new or changed code, or other tests than the runs that stored them"
-        self.notes.append(note)
+        """Restored objects that torch hit none of: a note, never a problem (:func:`.report.unused_note`)."""
+        note = unused_note(self.restore_stats, self.torch_stats, self.load_stats, self.expects_full_coverage(selection))
+        self.notes.extend([note] if note else [])
 
     def check_unstorable(self, eager_backward: bool = False) -> None:
-        """AOTAutograd graphs compiled but never stored (a note), counted from torch's own counters (misses minus
-        entries saved). torch stores an AOTAutograd entry only once the graph's backward is compiled, which is
-        lazy (a forward whose inputs require grad, in tests that never call ``.backward()``, is never stored
-        unless ``eager_backward``: ``--megacache-eager-backward``), and only when Inductor compiled every part
-        through its FX-graph cache (``_should_save_cache``: a part with nothing for Inductor to compile, or one
-        that bypassed the FX cache, has no key). The counters cannot tell the two apart, so the note names both,
-        or only the second when backwards are compiled eagerly."""
-        t = self.torch_stats
-        unsaved = t.counters.get("autograd_cache_miss", 0) - t.counters.get("autograd_cache_saved", 0)
-        if "autograd_cache_saved" not in t.counters or unsaved <= 0:
-            return
-        tests = [nodeid for nodeid, rec in t.per_test.items()
-                 if rec["counters"].get("autograd_cache_miss", 0) > rec["counters"].get("autograd_cache_saved", 0)]
-        named = f" (in {', '.join(tests[:3])}{f' and {len(tests) - 3} more' if len(tests) > 3 else ''})" if tests else ""
-        no_key = ("a part that Inductor did not compile through its FX-graph cache (nothing for it to compile, or "
-                  "a cache bypass) has no key")
-        why = (f"with backwards compiled eagerly, the reason left is that {no_key}" if eager_backward else
-               "torch stores an entry only once its backward is compiled (a forward whose inputs require grad in a "
-               "test that never calls backward(): run inference-only tests under torch.no_grad() or "
-               f"torch.inference_mode(), or opt in to --megacache-eager-backward), and never when {no_key}")
-        self.notes.append(f"{unsaved} AOTAutograd graph(s) compiled but not stored{named}, so they miss in every run: "
-                          + why)
+        """AOTAutograd graphs compiled but never stored: a note (:func:`.report.unstorable_note`)."""
+        note = unstorable_note(self.torch_stats, eager_backward)
+        self.notes.extend([note] if note else [])
 
     def finish(self, adapter: TorchAdapter | None, *, workers: Sequence[Mapping[str, Any]] = (),
                worker_entries: Entries | None = None, worker_profiles: Profiles | None = None) -> None:
@@ -352,7 +283,7 @@ class CacheSession:
             return
         start = time.perf_counter()
         try:
-            self.upload.run(self.collect(adapter), worker_entries, worker_profiles)
+            self.upload.run(self.upload.collect(adapter), worker_entries, worker_profiles)
         except LocalDiskError as exc:  # the scratch directory made to collect the compiled files: this machine's disk
             self.upload.not_collected(exc)
         finally:

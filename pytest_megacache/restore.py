@@ -250,110 +250,6 @@ class Restore:
             if self.local_fault is None:
                 self.local_fault = exc
 
-    def _fetch(self, store: Store, folder: str, info: ObjectInfo) -> Fetched:
-        """One object, fetched into a scratch file a chunk at a time (decoded later, by :meth:`_decode`); into
-        memory when the scratch directory has no room for it and it is small enough (:data:`IN_MEMORY_BYTES`)."""
-        try:
-            path = self.owner.scratch.fetch(store, folder, info.name, self.owner.limits.max_object_bytes)
-        except LocalDiskError as exc:
-            self._local(exc)
-            if info.size > IN_MEMORY_BYTES:
-                return Fetched(folder, info, 0, None, left_out=True)
-            buffer = io.BytesIO()
-            if not store.fetch(folder, info.name, min(IN_MEMORY_BYTES, self.owner.limits.max_object_bytes), buffer):
-                return Fetched(folder, info, 0, None, vanished=True)
-            data = buffer.getvalue()
-            return Fetched(folder, info, len(data), None, _created(data[:bundlemod.HEADER_PREFIX_BYTES]), data=data)
-        if path is None:  # deleted by a concurrent compaction: its content is in a newer object
-            return Fetched(folder, info, 0, None, vanished=True)
-        with open(path, "rb") as fh:
-            created = _created(fh.read(bundlemod.HEADER_PREFIX_BYTES))
-        return Fetched(folder, info, os.path.getsize(path), path, created)
-
-    def _decode(self, got: Fetched, held: Entries | None) -> None:
-        """Validate and decode a fetched object (then drop its file); its defect is its own, named problem. An entry
-        of ``held`` stands for the object's copy of it (:func:`.bundle.read_object`). When the scratch directory has
-        no room for its files, it is decoded again into memory if it is small enough, else left out."""
-        if got.path is None and got.data is None:
-            return
-        try:
-            got.in_memory = got.data is not None
-            try:
-                header, decoded = self._read(got, held, in_memory=got.in_memory)
-            except (BundleError, OSError) as exc:
-                fault = local_fault(exc)
-                if fault is None or got.data is not None:
-                    raise
-                self._local(LocalDiskError.of(fault, self.owner.scratch.path(), f"decoding {got.info.name}"))
-                if got.size > IN_MEMORY_BYTES:
-                    got.left_out = True
-                    return
-                got.in_memory = True
-                header, decoded = self._read(got, held, in_memory=True)
-        except (BundleError, OSError) as exc:  # read_object turns what a hostile object provokes into a BundleError
-            if local_fault(exc) is not None:
-                got.left_out = True
-            else:
-                self.owner.problem(f"refused {got.folder}/{got.info.name}: {redact_cut(str(exc))}")
-            return
-        finally:
-            if got.path is not None:
-                unlink(got.path)
-            got.data = None
-        got.header, got.entries = header, decoded.entries
-        self.stats.raw_fetched += decoded.entries.raw_bytes()
-        self.stats.raw_decompressed += decoded.decompressed
-
-    def _read(self, got: Fetched, held: Entries | None, in_memory: bool) -> tuple[bundlemod.Header, bundlemod.Decoded]:
-        """The object decoded, its file entries into scratch files, or kept in memory (``in_memory``)."""
-        scratch_dir = None if in_memory else self.owner.scratch.path()
-        owner = self.owner
-        if got.data is not None:
-            return bundlemod.read_object(io.BytesIO(got.data), owner.fingerprint, owner.limits, owner.signing_keys,
-                                         scratch_dir, held)
-        assert got.path is not None
-        with open(got.path, "rb") as fh:
-            return bundlemod.read_object(fh, owner.fingerprint, owner.limits, owner.signing_keys, scratch_dir, held)
-
-    def _fetch_all(self, store: Store, listing: list[tuple[str, ObjectInfo]], deadline: Deadline) -> list[Fetched]:
-        """Every listed object, fetched and validated. An object deleted between the listing and its fetch was
-        covered by an object stored before it went: the folders are listed again for what is new (a few times at
-        most), so a restore that races a compaction still gets every entry."""
-        results: list[Fetched] = []
-        done = {(folder, info.name) for folder, info in listing}
-        failed = late = 0
-        for round_ in range(RESTORE_ROUNDS):
-            outcomes = bounded_map(lambda item: self._fetch(store, *item), listing, deadline, FETCH_WORKERS)
-            for (folder, info), outcome in zip(listing, outcomes, strict=True):
-                if isinstance(outcome, StoreError):
-                    failed += 1
-                    if outcome.kind == "timeout":
-                        late += 1
-                    else:
-                        self.owner.problem(f"fetching {info.name}: {outcome}")
-                    results.append(Fetched(folder, info, 0, None))
-                else:
-                    results.append(outcome)
-            if round_ == RESTORE_ROUNDS - 1 or not any(isinstance(o, Fetched) and o.vanished for o in outcomes):
-                break
-            try:
-                again = [(folder, info) for folder in self.owner.read_folders
-                         for info in bounded(lambda f=folder: store.list(f), deadline, "listing the store")  # type: ignore[misc]
-                         if (folder, info.name) not in done]
-            except StoreError:
-                break  # what was fetched stands
-            listing = again
-            done.update((folder, info.name) for folder, info in listing)
-            self.stats.objects_listed += len(listing)
-            if not listing:
-                break
-        if late:  # one fault, one problem: not one per object the budget cut short
-            self.owner.problem(f"restore: {late} of {len(results)} objects were not fetched within the budget of the restore "
-                         f"({self.owner.restore_timeout:g} s, --megacache-timeout); the session went on without them")
-        if failed and failed == len(results):
-            self.store_down = True  # nothing came through: an upload would not either
-        return results
-
     def _run(self) -> None:
         stats = self.stats
         stats.attempted = True
@@ -372,7 +268,9 @@ class Restore:
             stats.seconds = time.perf_counter() - start
             return
         stats.objects_listed = len(listing)
-        results = self._fetch_all(store, listing, deadline)
+        fetching = Fetching(self.owner, self.stats, self._local)
+        results = fetching.fetch_all(store, listing, deadline)
+        self.store_down = self.store_down or fetching.store_down
         merged = Entries()
         # Newest first (by the time each object records), so that the newest copy of a mutable artifact is taken;
         # an entry taken already stands for the later objects' copies, whose frames are then not decompressed.
@@ -383,7 +281,7 @@ class Restore:
                 if got.path is not None:
                     unlink(got.path)
                 continue
-            self._decode(got, merged)
+            fetching.decode(got, merged)
             if got.left_out:
                 stats.objects_left_out += 1
                 continue
@@ -446,6 +344,120 @@ class Restore:
         """Until the why-miss diagnosis is done, or the restore's deadline."""
         if self._deadline is not None:
             self._diagnosed.wait(self._deadline.remaining())
+
+class Fetching:
+    """The listed objects fetched, a chunk at a time, into scratch files (or into memory where the scratch directory
+    has no room), and each validated and decoded into its entries; the restore's figures counted in ``stats``, a local
+    disk fault told to ``local``. ``store_down``: nothing came through."""
+
+    def __init__(self, owner: Owner, stats: RestoreStats, local: Callable[[LocalDiskError], None]) -> None:
+        self.owner, self.stats, self.local = owner, stats, local
+        self.store_down = False
+
+    def fetch(self, store: Store, folder: str, info: ObjectInfo) -> Fetched:
+        """One object, fetched into a scratch file a chunk at a time (decoded later, by :meth:`decode`); into
+        memory when the scratch directory has no room for it and it is small enough (:data:`IN_MEMORY_BYTES`)."""
+        try:
+            path = self.owner.scratch.fetch(store, folder, info.name, self.owner.limits.max_object_bytes)
+        except LocalDiskError as exc:
+            self.local(exc)
+            if info.size > IN_MEMORY_BYTES:
+                return Fetched(folder, info, 0, None, left_out=True)
+            buffer = io.BytesIO()
+            if not store.fetch(folder, info.name, min(IN_MEMORY_BYTES, self.owner.limits.max_object_bytes), buffer):
+                return Fetched(folder, info, 0, None, vanished=True)
+            data = buffer.getvalue()
+            return Fetched(folder, info, len(data), None, _created(data[:bundlemod.HEADER_PREFIX_BYTES]), data=data)
+        if path is None:  # deleted by a concurrent compaction: its content is in a newer object
+            return Fetched(folder, info, 0, None, vanished=True)
+        with open(path, "rb") as fh:
+            created = _created(fh.read(bundlemod.HEADER_PREFIX_BYTES))
+        return Fetched(folder, info, os.path.getsize(path), path, created)
+
+    def decode(self, got: Fetched, held: Entries | None) -> None:
+        """Validate and decode a fetched object (then drop its file); its defect is its own, named problem. An entry
+        of ``held`` stands for the object's copy of it (:func:`.bundle.read_object`). When the scratch directory has
+        no room for its files, it is decoded again into memory if it is small enough, else left out."""
+        if got.path is None and got.data is None:
+            return
+        try:
+            got.in_memory = got.data is not None
+            try:
+                header, decoded = self.read(got, held, in_memory=got.in_memory)
+            except (BundleError, OSError) as exc:
+                fault = local_fault(exc)
+                if fault is None or got.data is not None:
+                    raise
+                self.local(LocalDiskError.of(fault, self.owner.scratch.path(), f"decoding {got.info.name}"))
+                if got.size > IN_MEMORY_BYTES:
+                    got.left_out = True
+                    return
+                got.in_memory = True
+                header, decoded = self.read(got, held, in_memory=True)
+        except (BundleError, OSError) as exc:  # read_object turns what a hostile object provokes into a BundleError
+            if local_fault(exc) is not None:
+                got.left_out = True
+            else:
+                self.owner.problem(f"refused {got.folder}/{got.info.name}: {redact_cut(str(exc))}")
+            return
+        finally:
+            if got.path is not None:
+                unlink(got.path)
+            got.data = None
+        got.header, got.entries = header, decoded.entries
+        self.stats.raw_fetched += decoded.entries.raw_bytes()
+        self.stats.raw_decompressed += decoded.decompressed
+
+    def read(self, got: Fetched, held: Entries | None, in_memory: bool) -> tuple[bundlemod.Header, bundlemod.Decoded]:
+        """The object decoded, its file entries into scratch files, or kept in memory (``in_memory``)."""
+        scratch_dir = None if in_memory else self.owner.scratch.path()
+        owner = self.owner
+        if got.data is not None:
+            return bundlemod.read_object(io.BytesIO(got.data), owner.fingerprint, owner.limits, owner.signing_keys,
+                                         scratch_dir, held)
+        assert got.path is not None
+        with open(got.path, "rb") as fh:
+            return bundlemod.read_object(fh, owner.fingerprint, owner.limits, owner.signing_keys, scratch_dir, held)
+
+    def fetch_all(self, store: Store, listing: list[tuple[str, ObjectInfo]], deadline: Deadline) -> list[Fetched]:
+        """Every listed object, fetched and validated. An object deleted between the listing and its fetch was
+        covered by an object stored before it went: the folders are listed again for what is new (a few times at
+        most), so a restore that races a compaction still gets every entry."""
+        results: list[Fetched] = []
+        done = {(folder, info.name) for folder, info in listing}
+        failed = late = 0
+        for round_ in range(RESTORE_ROUNDS):
+            outcomes = bounded_map(lambda item: self.fetch(store, *item), listing, deadline, FETCH_WORKERS)
+            for (folder, info), outcome in zip(listing, outcomes, strict=True):
+                if isinstance(outcome, StoreError):
+                    failed += 1
+                    if outcome.kind == "timeout":
+                        late += 1
+                    else:
+                        self.owner.problem(f"fetching {info.name}: {outcome}")
+                    results.append(Fetched(folder, info, 0, None))
+                else:
+                    results.append(outcome)
+            if round_ == RESTORE_ROUNDS - 1 or not any(isinstance(o, Fetched) and o.vanished for o in outcomes):
+                break
+            try:
+                again = [(folder, info) for folder in self.owner.read_folders
+                         for info in bounded(lambda f=folder: store.list(f), deadline, "listing the store")  # type: ignore[misc]
+                         if (folder, info.name) not in done]
+            except StoreError:
+                break  # what was fetched stands
+            listing = again
+            done.update((folder, info.name) for folder, info in listing)
+            self.stats.objects_listed += len(listing)
+            if not listing:
+                break
+        if late:  # one fault, one problem: not one per object the budget cut short
+            self.owner.problem(f"restore: {late} of {len(results)} objects were not fetched within the budget of the restore "
+                         f"({self.owner.restore_timeout:g} s, --megacache-timeout); the session went on without them")
+        if failed and failed == len(results):
+            self.store_down = True  # nothing came through: an upload would not either
+        return results
+
 
 
 def let_go(restored: Entries, staged: str) -> str:

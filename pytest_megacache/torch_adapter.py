@@ -305,7 +305,32 @@ class TorchAdapter:
         torch saves an AOTAutograd entry only once its backward is compiled); None when done, else why not."""
         return TorchAdapter._switch_on("torch._functorch.config", "force_non_lazy_backward_lowering")
 
-    # --- torch's cache API -----------------------------------------------------------------------
+    @staticmethod
+    def save() -> bytes | None:
+        """What this process compiled or hit, as a torch container (None when nothing): :meth:`MegaCache.save`."""
+        return MegaCache.save()
+
+    def compiled_anything(self) -> bool:
+        return self.first_compile_seen or any(self.counters().values())
+
+    @staticmethod
+    def counters() -> dict[str, int]:
+        """torch's own cache counters (hits, misses, bypasses per layer); empty when torch never compiled."""
+        utils = sys.modules.get("torch._dynamo.utils")
+        counters = getattr(utils, "counters", None)
+        if counters is None:
+            return {}
+        out = {}
+        for group, names in COUNTER_NAMES.items():
+            for name in names:
+                out[name] = int(counters[group][name]) if group in counters else 0
+        return out
+
+
+class MegaCache:
+    """torch's cache API (``torch.compiler.load_cache_artifacts`` / ``save_cache_artifacts``): a validated container
+    loaded in the layout the imported torch reads, and what this process compiled saved as one."""
+
     @staticmethod
     def container_layout() -> str | None:
         """The container layout the imported torch reads and writes (:data:`torchfmt.SECTIONS` from torch 2.8
@@ -324,7 +349,7 @@ class TorchAdapter:
         return torchfmt.RECORDS if codes == torchfmt.RECORD_TYPE_CODES else None
 
     @staticmethod
-    def _loaded_counts(info: Any) -> dict[str, int]:
+    def loaded_counts(info: Any) -> dict[str, int]:
         """Keys loaded per type, from torch's CacheInfo (a dict of lists from torch 2.8 on, a list per type in 2.7)."""
         artifacts = getattr(info, "artifacts", None)
         if isinstance(artifacts, dict):
@@ -346,14 +371,14 @@ class TorchAdapter:
             import torch.compiler
             import torch.compiler._cache  # what load_cache_artifacts imports: its layout is read below
 
-            layout = TorchAdapter.container_layout()
+            layout = MegaCache.container_layout()
             if layout is None:
                 return LoadResult(False, seconds=time.perf_counter() - start,
                                   error="this torch's cache container has another form: nothing loaded")
             if layout != torchfmt.layout_of(container):
                 container = torchfmt.serialize(torchfmt.parse(container), layout)
             info = torch.compiler.load_cache_artifacts(container)
-            loaded = None if info is None else TorchAdapter._loaded_counts(info)
+            loaded = None if info is None else MegaCache.loaded_counts(info)
         except BundleError as exc:
             return LoadResult(False, seconds=time.perf_counter() - start, error=redact_cut(str(exc)))
         except Exception as exc:  # noqa: BLE001 - any failure means a cold run, never a failed session
@@ -372,19 +397,3 @@ class TorchAdapter:
 
         result = torch.compiler.save_cache_artifacts()
         return None if result is None else result[0]
-
-    def compiled_anything(self) -> bool:
-        return self.first_compile_seen or any(self.counters().values())
-
-    @staticmethod
-    def counters() -> dict[str, int]:
-        """torch's own cache counters (hits, misses, bypasses per layer); empty when torch never compiled."""
-        utils = sys.modules.get("torch._dynamo.utils")
-        counters = getattr(utils, "counters", None)
-        if counters is None:
-            return {}
-        out = {}
-        for group, names in COUNTER_NAMES.items():
-            for name in names:
-                out[name] = int(counters[group][name]) if group in counters else 0
-        return out

@@ -14,10 +14,11 @@ from . import envpolicy
 from .bundle import PRECOMPILE_KIND, Entries, Entry, Limits
 from .compaction import PART_FIELD, Compaction, Held
 from .errors import BundleError, LocalDiskError, StoreError, note_free, redact_cut
+from .files import FileRoot, torch_cache_ident
 from .report import TorchStats, UploadStats, human_bytes
 from .scratch import Scratch, unlink
 from .stores import Deadline, ObjectInfo, Store, bounded, new_object_name
-from .torch_adapter import MISS_COUNTERS, counter_sum
+from .torch_adapter import MISS_COUNTERS, TorchAdapter, counter_sum
 
 # The reasons Dynamo reuse refuses a stored entry when it loads it (counted as ``dynamo_refused_<reason>``).
 # (not `global_changed`: such a variant is kept in the entry written, for the processes where it holds)
@@ -69,6 +70,12 @@ class Owner(Protocol):
     def restored(self) -> Entries: ...
 
     @property
+    def roots(self) -> Sequence[FileRoot]: ...  # the cache directories whose new files travel
+
+    @property
+    def before(self) -> dict[str, set[str]]: ...  # their files when the restore settled, per kind
+
+    @property
     def restored_own(self) -> Entries: ...
 
     @property
@@ -97,6 +104,42 @@ class Upload:
     def __init__(self, owner: Owner) -> None:
         self.owner = owner
         self.stats = UploadStats()
+
+    def collect(self, adapter: TorchAdapter | None) -> Entries:
+        """What this session compiled or hit: torch's artifacts (none without ``adapter``) plus the files it added."""
+        session = Entries()
+        before = TorchAdapter.counters() if adapter is not None else {}
+        try:
+            container = adapter.save() if adapter is not None else None
+        except Exception as exc:  # noqa: BLE001
+            self.owner.problem(f"torch.compiler.save_cache_artifacts failed: {type(exc).__name__}: {exc}")
+            container = None
+        if adapter is not None:  # Dynamo entries refused while written (an entry that does not pickle) count too
+            self.owner.torch_stats.saved(before, TorchAdapter.counters())
+        if container is not None:
+            refused: list[str] = []
+            try:
+                session.update(bundlemod.entries_from_torch(container, refused))
+            except BundleError as exc:
+                self.owner.problem(f"torch's saved artifacts failed validation, not uploading them: {exc}")
+            if refused:  # one artifact with an odd key costs that artifact, not all of them
+                self.owner.problem(f"not uploading {len(refused)} of torch's artifacts: {'; '.join(refused[:3])}")
+        # torch's on-disk cache entries that neither this process recorded nor the restore brought: compiled
+        # by a child process (torchrun, mp.spawn, subprocess) into the same directory. They travel as files.
+        owner, others = self.owner, self.owner.torch_stats.other_processes
+        known = {e.ident for e in session} | {e.ident for e in owner.restored.of_kind_prefix(bundlemod.TORCH_PREFIX)}
+        for root in owner.roots:
+            entries, skipped = root.collect(owner.before.get(root.kind, set()), scratch_dir=owner.scratch.path())
+            for entry in entries:
+                ident = torch_cache_ident(entry.name) if root.name == "inductor" else None
+                if ident in known:
+                    continue  # mega-cache carries it
+                if ident is not None:
+                    layer = ident[0][len(bundlemod.TORCH_PREFIX):]
+                    others[layer] = others.get(layer, 0) + 1
+                session.add(entry)
+            self.stats.files_skipped.extend(skipped)
+        return session
 
     def run(self, session: Entries, worker_entries: Entries | None,
             worker_profiles: Profiles | None) -> None:
@@ -230,95 +273,13 @@ class Upload:
         return out
 
     def store_parts(self, store: Store, deadline: Deadline, payload: Entries, sources: Sequence[Held] | None = None,
-                     quiet: bool = False) -> tuple[Held, int, int] | None:
-        """Store ``payload`` as objects a restore accepts (under :class:`Limits`): one, or several parts of one group
-        (split by entry, never inside one; :data:`PART_FIELD` in each header), each encoded, stored and let go
-        before the next is encoded. An entry over the limits on its own is not stored (a problem names how many).
-        Returns what was stored as one unit, the number of objects and their bytes; None when nothing was (said as a
-        problem unless ``quiet``: the caller tries something else). A part
-        that fails to store stops the rest (StoreError): those stored are an unfinished group, which no compaction
-        deletes or counts on until it is stale (:func:`units`)."""
-        signing_key = self.owner.signing_keys[0] if self.owner.signing_keys else None
-        budget = min(self.owner.limits.max_raw_bytes, self.owner.limits.max_object_bytes) - 8  # 8: the payload's own head
-        todo: list[list[Entry]] = []
-        chunk: list[Entry] = []
-        size = 0
-        too_big: list[str] = []
-        for entry in payload:
-            cost = bundlemod.encoded_size(entry)
-            if cost > budget:
-                too_big.append(f"{entry.kind}:{entry.name[:80]} ({cost} bytes)")
-                continue
-            if chunk and (size + cost > budget or len(chunk) >= self.owner.limits.max_entries):
-                todo.append(chunk)
-                chunk, size = [], 0
-            chunk.append(entry)
-            size += cost
-        if chunk:
-            todo.append(chunk)
-        todo.reverse()
-        group = new_object_name() if len(todo) > 1 else None
-        names: list[str] = []
-        stored = Entries()
-        created: list[float] = []
-        total = 0
-        try:
-            while todo:
-                chunk = todo.pop()
-                entries = Entries(chunk)
-                extra = self.merged_meta(entries, sources) if sources is not None else self.upload_meta(entries)
-                if group is not None:
-                    extra[PART_FIELD] = {"group": group, "index": len(names),
-                                         **({} if todo else {"count": len(names) + 1})}
-                path = os.path.join(self.owner.scratch.path(), name := new_object_name())
-                try:
-                    header, size = bundlemod.write_object(path, entries, self.owner.fingerprint, extra, signing_key)
-                except OSError as exc:  # the scratch directory's disk: nothing of the object is stored
-                    note_free(exc, path)
-                    unlink(path)
-                    raise LocalDiskError.of(exc, path, f"writing the upload's object ({plural_entries(len(entries))}, "
-                                                       f"{human_bytes(entries.raw_bytes())} raw)") from exc
-                why = self._over_limits(header, size)
-                if why is not None:
-                    unlink(path)
-                    if len(chunk) == 1:
-                        too_big.append(f"{chunk[0].kind}:{chunk[0].name[:80]} ({why})")
-                        if not todo and names:
-                            todo.append([])  # the group's last part, empty: it says how many parts there are
-                    else:  # compressed, it is still over: in two halves, as parts of a group
-                        todo.extend([chunk[len(chunk) // 2:], chunk[:len(chunk) // 2]])
-                        group = group or new_object_name()
-                    continue
-                try:
-                    bounded(lambda: store.put_file(self.owner.folder, name, path), deadline,  # noqa: B023 - waited for
-                            "upload")
-                finally:
-                    unlink(path)
-                names.append(name)
-                stored.merge(entries)
-                created.append(header.created)
-                total += size
-        except (ValueError, BundleError) as exc:  # a header a decoder would refuse: never written
-            self.owner.problem(f"not uploading: {redact_cut(str(exc))}")
-            return None
-        finally:
-            if too_big and not (quiet and not names):
-                self.owner.problem(f"not storing {plural_entries(len(too_big))}: each alone would be over the restore "
-                             f"limits, so no session could restore it: {'; '.join(too_big[:3])}")
-        if not names:
-            return None
-        if group is None:
-            return Held(names[0], created[0], stored), 1, total
-        return Held(group, min(created), stored, (), tuple(names)), len(names), total
+                    quiet: bool = False) -> tuple[Held, int, int] | None:
+        """``payload`` stored as objects a restore accepts, headed with what this upload records of it (a merge's of
+        ``sources``): :meth:`Parts.store`."""
+        def meta(entries: Entries) -> dict[str, object]:
+            return self.merged_meta(entries, sources) if sources is not None else self.upload_meta(entries)
 
-    def _over_limits(self, header: bundlemod.Header, size: int) -> str | None:
-        """Why a restore would refuse an object of ``size`` bytes with ``header`` for its size, or None."""
-        if size > self.owner.limits.max_object_bytes:
-            return f"object of {size} bytes is over the limit of {self.owner.limits.max_object_bytes}"
-        if header.raw_size > self.owner.limits.max_raw_bytes:
-            return f"{header.raw_size} bytes decompressed, over the limit of {self.owner.limits.max_raw_bytes}"
-        return None
-
+        return Parts(self.owner, meta).store(store, deadline, payload, quiet)
 
     def merge_worker_profiles(self, copies: Profiles, timeout: float,
                               merge: Callable[[bytes | None, Sequence[bytes], float], bytes | None] | None = None,
@@ -387,6 +348,111 @@ class Upload:
                    restored=owner.restored, restored_units=owner.own_units(),
                    inputs={info.name for info in owner.restored_objects}, stats=self.stats, scrub=self.scrubbed,
                    store_merged=lambda entries, sources: self.store_parts(store, deadline, entries, sources)).run(mine)
+
+
+class Parts:
+    """A payload stored as objects a restore accepts (:meth:`store`): split by entry under :class:`Limits`, each part
+    encoded with its header (``meta`` gives what the header records of its entries), stored and let go before the
+    next; an entry over the limits on its own is named as a problem and left out."""
+
+    def __init__(self, owner: Owner, meta: Callable[[Entries], dict[str, object]]) -> None:
+        self.owner, self.meta = owner, meta
+
+    def store(self, store: Store, deadline: Deadline, payload: Entries, quiet: bool = False
+              ) -> tuple[Held, int, int] | None:
+        """Store ``payload`` as objects a restore accepts (under :class:`Limits`): one, or several parts of one group
+        (split by entry, never inside one; :data:`PART_FIELD` in each header), each encoded, stored and let go
+        before the next is encoded. An entry over the limits on its own is not stored (a problem names how many).
+        Returns what was stored as one unit, the number of objects and their bytes; None when nothing was (said as a
+        problem unless ``quiet``: the caller tries something else). A part
+        that fails to store stops the rest (StoreError): those stored are an unfinished group, which no compaction
+        deletes or counts on until it is stale (:func:`units`)."""
+        signing_key = self.owner.signing_keys[0] if self.owner.signing_keys else None
+        too_big: list[str] = []
+        todo = self._split(payload, too_big)
+        todo.reverse()
+        group = new_object_name() if len(todo) > 1 else None
+        names: list[str] = []
+        stored = Entries()
+        created: list[float] = []
+        total = 0
+        try:
+            while todo:
+                chunk = todo.pop()
+                entries = Entries(chunk)
+                extra = self.meta(entries)
+                if group is not None:
+                    extra[PART_FIELD] = {"group": group, "index": len(names),
+                                         **({} if todo else {"count": len(names) + 1})}
+                path = os.path.join(self.owner.scratch.path(), name := new_object_name())
+                try:
+                    header, size = bundlemod.write_object(path, entries, self.owner.fingerprint, extra, signing_key)
+                except OSError as exc:  # the scratch directory's disk: nothing of the object is stored
+                    note_free(exc, path)
+                    unlink(path)
+                    raise LocalDiskError.of(exc, path, f"writing the upload's object ({plural_entries(len(entries))}, "
+                                                       f"{human_bytes(entries.raw_bytes())} raw)") from exc
+                why = self._over_limits(header, size)
+                if why is not None:
+                    unlink(path)
+                    if len(chunk) == 1:
+                        too_big.append(f"{chunk[0].kind}:{chunk[0].name[:80]} ({why})")
+                        if not todo and names:
+                            todo.append([])  # the group's last part, empty: it says how many parts there are
+                    else:  # compressed, it is still over: in two halves, as parts of a group
+                        todo.extend([chunk[len(chunk) // 2:], chunk[:len(chunk) // 2]])
+                        group = group or new_object_name()
+                    continue
+                try:
+                    bounded(lambda: store.put_file(self.owner.folder, name, path), deadline,  # noqa: B023 - waited for
+                            "upload")
+                finally:
+                    unlink(path)
+                names.append(name)
+                stored.merge(entries)
+                created.append(header.created)
+                total += size
+        except (ValueError, BundleError) as exc:  # a header a decoder would refuse: never written
+            self.owner.problem(f"not uploading: {redact_cut(str(exc))}")
+            return None
+        finally:
+            if too_big and not (quiet and not names):
+                self.owner.problem(f"not storing {plural_entries(len(too_big))}: each alone would be over the restore "
+                             f"limits, so no session could restore it: {'; '.join(too_big[:3])}")
+        if not names:
+            return None
+        if group is None:
+            return Held(names[0], created[0], stored), 1, total
+        return Held(group, min(created), stored, (), tuple(names)), len(names), total
+
+    def _split(self, payload: Entries, too_big: list[str]) -> list[list[Entry]]:
+        """``payload`` split by entry, in order, into parts whose raw size and count are under the restore limits; an
+        entry over them on its own is named in ``too_big`` and left out."""
+        budget = min(self.owner.limits.max_raw_bytes, self.owner.limits.max_object_bytes) - 8  # 8: the payload's own head
+        parts: list[list[Entry]] = []
+        chunk: list[Entry] = []
+        size = 0
+        for entry in payload:
+            cost = bundlemod.encoded_size(entry)
+            if cost > budget:
+                too_big.append(f"{entry.kind}:{entry.name[:80]} ({cost} bytes)")
+                continue
+            if chunk and (size + cost > budget or len(chunk) >= self.owner.limits.max_entries):
+                parts.append(chunk)
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += cost
+        if chunk:
+            parts.append(chunk)
+        return parts
+
+    def _over_limits(self, header: bundlemod.Header, size: int) -> str | None:
+        """Why a restore would refuse an object of ``size`` bytes with ``header`` for its size, or None."""
+        if size > self.owner.limits.max_object_bytes:
+            return f"object of {size} bytes is over the limit of {self.owner.limits.max_object_bytes}"
+        if header.raw_size > self.owner.limits.max_raw_bytes:
+            return f"{header.raw_size} bytes decompressed, over the limit of {self.owner.limits.max_raw_bytes}"
+        return None
 
 
 def restored_cold_seconds(headers: Sequence[bundlemod.Header]) -> dict[tuple[str, str], float]:

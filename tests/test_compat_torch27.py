@@ -15,7 +15,7 @@ import pytest
 
 from pytest_megacache import torchfmt
 from pytest_megacache.errors import BundleError
-from pytest_megacache.torch_adapter import TorchAdapter
+from pytest_megacache.torch_adapter import MegaCache, TorchAdapter
 
 INDUCTOR_KEY = "fxpoffplbxbjkl6adxzslxy2v3cmyu6dxzrndazikly7vvtpsfzi"
 AOT_KEY = "aixem2oublb7ydve55swxbe65rd27vtrcrew7pckuk3k7nxk7jvq"
@@ -174,12 +174,12 @@ def test_the_adapter_reads_the_layout_from_torch(monkeypatch: pytest.MonkeyPatch
                                                  layout: str | None) -> None:
     for name, module in modules(**shape).items():
         monkeypatch.setitem(sys.modules, name, module)
-    assert TorchAdapter.container_layout() == layout
+    assert MegaCache.container_layout() == layout
 
 
 def test_the_adapter_knows_no_layout_before_torch_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "torch.compiler._cache", raising=False)
-    assert TorchAdapter.container_layout() is None
+    assert MegaCache.container_layout() is None
 
 
 @dataclass
@@ -198,8 +198,8 @@ class CacheInfo28:
 
 
 def test_loaded_counts_from_either_cache_info() -> None:
-    assert TorchAdapter._loaded_counts(CacheInfo27(["a", "b"], [], ["c"])) == {"inductor": 2, "aot_autograd": 1}
-    assert TorchAdapter._loaded_counts(CacheInfo28({"inductor": ["a"], "precompile": ["p"]})) == {
+    assert MegaCache.loaded_counts(CacheInfo27(["a", "b"], [], ["c"])) == {"inductor": 2, "aot_autograd": 1}
+    assert MegaCache.loaded_counts(CacheInfo28({"inductor": ["a"], "precompile": ["p"]})) == {
         "inductor": 1, "precompile": 1}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -125,7 +126,7 @@ def s3_chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory, requ
     chain.run("read", "-k", "test_f", "--megacache-mode", "read")  # on the empty bucket
     cold = chain.run("cold", "--megacache-durations=2")
     chain.run("subset", "-k", "test_f", project=chain.elsewhere)  # a fresh runner, in another folder, runs a subset
-    chain.run("warm", "--megacache-durations=2", project=chain.elsewhere)
+    chain.run("warm", "--megacache-durations=2", "-v", project=chain.elsewhere)  # -v: every line of the summary
     if cold.report is not None:  # else the tests reading the cold run say why
         client = s3_server.client()
         chain.planted = _malformed_objects(cold.report["fingerprint"]["key"])
@@ -134,6 +135,13 @@ def s3_chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory, requ
         chain.run("refusing", "-k", "test_f")
     chain.run("write", "-k", "test_f", "--megacache-mode", "write")
     return chain
+
+
+def _summary(lines: list[str]) -> list[str]:
+    """The plugin's section of a session's terminal output (after its ``megacache`` separator)."""
+    start = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+ megacache -+", line))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(("=", "-"))), len(lines))
+    return lines[start + 1:end]
 
 
 class TestS3Chain:
@@ -145,7 +153,13 @@ class TestS3Chain:
         assert cold.fx_misses == 2 and cold.fx_hits == 0
         assert cold.report and cold.report["upload"]["objects"] == 1
         assert cold.report["upload"]["new_entries"]["file/inductor"] > 0  # compiled C++ kernels travel too
-        cold.result.stdout.fnmatch_lines(["*megacache*", "fingerprint torch-*", "uploaded *new entries*"])
+        # by default the summary says what was restored and from where, the hits, the compiling and what was uploaded
+        # (the slowest compiles as asked); the fingerprint, the load and the notes only under -v (the warm run)
+        summary = _summary(cold.result.outlines)
+        assert len([line for line in summary if not line.startswith(("slowest", "  "))]) == 4, summary
+        assert summary[0].startswith("restored 0/0 objects") and " from s3://" in summary[0], summary
+        assert summary[-1].startswith("uploaded ") and "new entries" in summary[-1], summary
+        assert not any(line.startswith(("fingerprint", "loaded into torch", "restored bundles")) for line in summary)
         assert len(s3_chain.objects["cold"]) == 1
 
         # A fresh runner that runs a subset, checked out in another folder: everything it touches is taken from the
@@ -164,7 +178,7 @@ class TestS3Chain:
         assert warm.report["restore"]["files_written"] > 0
         assert warm.report["load"]["ok"] is True
         assert warm.report["upload"]["objects"] == 0
-        warm.result.stdout.fnmatch_lines(["restored 1/1 objects*", "loaded into torch:*",
+        warm.result.stdout.fnmatch_lines(["fingerprint torch-*", "restored 1/1 objects*", "loaded into torch:*",
                                           "torch: FX graph 0 hit / 0 miss / 0 bypass, AOTAutograd 0 hit / 0 miss / 0 "
                                           "bypass, Dynamo reuse 2 frames reused / 0 traced (100 % reused) / 0 refused*"])
 
@@ -271,7 +285,7 @@ def dir_chain(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
     n0 = ("-n", "0") if XDIST else ()
     for name, args, env in (("main", (*n0, "-k", "test_f"), PUSH_TO_MAIN),
                             ("warm", ("-k", "test_f"), None),
-                            ("pr", (), fork_env),  # compiles test_g, which main's cache lacks
+                            ("pr", ("-v",), fork_env),  # compiles test_g, which main's cache lacks; -v: the notes
                             ("explicit", ("--megacache-mode", "readwrite"), fork_env)):  # an explicit mode wins
         chain.runs[name] = project.run(*args, env=env)
         chain.stored[name] = sorted(chain.store.rglob("*.mcb"))

@@ -197,124 +197,12 @@ class Doctor:
         return Check("settings", OK, where, details)
 
     # --- the store -----------------------------------------------------------------------------------
-    def open_store(self) -> Store:
-        assert self.settings is not None
-        settings = self.settings
-        self.store = bounded(lambda: from_settings(settings), self.deadline, "building the store's client")
-        return self.store
-
     def store_checks(self) -> None:
         assert self.settings is not None
-        if self.settings.bucket:
-            if self.check("credentials", self.check_credentials).status == FAIL:
-                self.skip(["bucket", "list", "write"], "no credentials")
-                return
-            first = self.check("bucket", self.check_bucket)
-        else:
-            first = self.check("directory", self.check_directory)
-        if first.status == FAIL:
-            self.skip(["list", "write"], f"the {first.name} check failed")
-            return
-        self.check("list", self.check_list)
-        self.check("write", self.check_write)
-
-    def check_credentials(self) -> Check:
-        found = bounded(_credentials, self.deadline, "looking for AWS credentials")
-        if found is None:
-            return Check("credentials", FAIL, "none found: boto3 looked in the environment, the shared credentials "
-                                              "and config files, web identity, the container and instance metadata")
-        method, complete = found
-        profile = f", profile {self.env['AWS_PROFILE']}" if self.env.get("AWS_PROFILE") else ""
-        where = f"{method} ({CREDENTIAL_SOURCES.get(method, 'botocore provider')}{profile})"
-        if not complete:
-            return Check("credentials", FAIL, f"incomplete, from {where}", {"method": method})
-        return Check("credentials", OK, f"found, from {where}", {"method": method})
-
-    def check_bucket(self) -> Check:
-        store = self.open_store()
-        assert isinstance(store, S3Store)
-
-        def head() -> tuple[str | None, str | None]:
-            from botocore.exceptions import ClientError
-
-            try:
-                response = store.client.head_bucket(Bucket=store.bucket)
-            except ClientError as exc:
-                return str(exc.response.get("Error", {}).get("Code", "?")), None
-            return None, response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
-
-        code, region = bounded(head, self.deadline, "checking the bucket")
-        where = f"s3://{store.bucket} at {store.client.meta.endpoint_url}"
-        if code in ("404", "NoSuchBucket"):
-            return Check("bucket", FAIL, f"{where} does not exist ({code})", {"exists": False})
-        if code in ("403", "AccessDenied"):
-            return Check("bucket", WARN, f"{where}: HeadBucket was denied ({code}), so whether it exists is unknown; "
-                                         "the listing below decides", {"exists": None})
-        if code is not None:
-            return Check("bucket", FAIL, f"{where}: HeadBucket answered {code}", {"exists": None})
-        return Check("bucket", OK, f"{where} exists" + (f" (region {region})" if region else ""),
-                     {"exists": True, "region": region})
-
-    def check_directory(self) -> Check:
-        assert self.settings is not None and self.settings.directory is not None
-        root, writes = Path(self.settings.directory), self.settings.writes
-        self.open_store()
-
-        def look() -> Check:
-            if root.is_dir():
-                return Check("directory", OK, f"{root} exists", {"exists": True})
-            if root.exists():
-                return Check("directory", FAIL, f"{root} exists but is not a directory", {"exists": False})
-            parent = (_missing_dirs(root) or [root])[-1].parent
-            if not parent.is_dir():
-                return Check("directory", FAIL, f"{root} cannot be created: {parent} is not a directory", {"exists": False})
-            if writes:
-                return Check("directory", OK, f"{root} does not exist yet; the first upload creates it", {"exists": False})
-            return Check("directory", WARN, f"{root} does not exist, so there is nothing to restore (is it the path "
-                                            "your CI restores, e.g. actions/cache's?)", {"exists": False})
-
-        return bounded(look, self.deadline, "looking at the directory")
-
-    def check_list(self) -> Check:
-        assert self.settings is not None and self.store is not None
-        store, prefix, fp = self.store, self.settings.prefix, self.fp
-        if fp is None:  # no folder to list for this fingerprint: the whole prefix, then
-            walked = bounded(lambda: store.walk(prefix), self.deadline, "listing the store")
-            return Check("list", OK, f"allowed: {len(walked)} objects under {prefix}", {"objects": len(walked)})
-        folders = [Layout(prefix).folder(scope, fp.key) for scope in self.read_scopes]
-        try:
-            self.listing = [(folder, info) for folder in folders
-                            for info in bounded(lambda f=folder: store.list(f), self.deadline,  # type: ignore[misc]
-                                                "listing the store")]
-        except StoreError as exc:
-            return Check("list", FAIL if self.settings.reads else WARN, str(exc))
-        counts = [sum(f == folder for f, _ in self.listing) for folder in folders]
-        where = ", ".join((f"{plural(n, 'object')} of this fingerprint" if i == 0 else str(n)) + f" in {scope}"
-                          for i, (n, scope) in enumerate(zip(counts, self.read_scopes, strict=True)))
-        return Check("list", OK, f"allowed: {where}", {"objects": len(self.listing)})
-
-    def check_write(self) -> Check:
-        assert self.settings is not None and self.store is not None
-        settings, store = self.settings, self.store
-        if not settings.writes:
-            return Check("write", OK, f"read-only by mode ({settings.mode}{self.fork_note})", {"probe": False})
-        # Beside the fingerprint folders, never in one: a restore never lists the probe, even while it exists.
-        folder, name = f"{settings.prefix}/{self.scope}", "doctor-probe-" + new_object_name()
-        created = _missing_dirs(store.root.joinpath(*folder.split("/"))) if isinstance(store, LocalDirStore) else []
-        try:
-            bounded(lambda: store.put(folder, name, PROBE_DATA), self.deadline, "writing a probe object")
-            try:
-                bounded(lambda: store.delete(folder, name), self.deadline, "deleting the probe object")
-            except StoreError as exc:
-                return Check("write", WARN, f"allowed, but deleting the probe failed ({exc}); compaction deletes too. "
-                                            f"Remove {folder}/{name} by hand", {"probe": True})
-        finally:
-            for path in created:  # what the probe created, deepest first; left alone unless empty
-                try:
-                    path.rmdir()
-                except OSError:
-                    break
-        return Check("write", OK, f"allowed: a probe object was written to {folder}/ and deleted again", {"probe": True})
+        stores = StoreChecks(self.settings, self.env, self.deadline, self.fp, self.scope, self.read_scopes,
+                             self.fork_note)
+        stores.run(self.check, self.skip)
+        self.store, self.listing = stores.store, stores.listing
 
     # --- signing and the restore ---------------------------------------------------------------------
     def check_signing(self) -> Check:
@@ -412,6 +300,138 @@ class Doctor:
         else:
             verdict = "a session would work" + (f", with {warned} warning{'s' * (warned != 1)}" if warned else "")
         return [*out, f"{verdict} ({seconds:.1f} s)"]
+
+
+class StoreChecks:
+    """The store's checks, as a session would meet the store: credentials (S3), the bucket or the directory, listing
+    this fingerprint's folders in the scopes read (the listing is kept for the restore's check) and a probe written
+    and deleted where the session writes."""
+
+    def __init__(self, settings: Settings, env: dict[str, str], deadline: Deadline, fp: Fingerprint | None,
+                 scope: str, read_scopes: list[str], fork_note: str) -> None:
+        self.settings, self.env, self.deadline, self.fp = settings, env, deadline, fp
+        self.scope, self.read_scopes, self.fork_note = scope, read_scopes, fork_note
+        self.store: Store | None = None
+        self.listing: list[tuple[str, ObjectInfo]] | None = None  # this fingerprint's objects; None: not listed
+
+    def open_store(self) -> Store:
+        settings = self.settings
+        self.store = bounded(lambda: from_settings(settings), self.deadline, "building the store's client")
+        return self.store
+
+    def run(self, check: Callable[[str, Callable[[], Check]], Check],
+            skip: Callable[[Sequence[str], str], None]) -> None:
+        """Each check in turn (``check`` runs and records one, ``skip`` records those a failure leaves unchecked)."""
+        if self.settings.bucket:
+            if check("credentials", self.check_credentials).status == FAIL:
+                skip(["bucket", "list", "write"], "no credentials")
+                return
+            first = check("bucket", self.check_bucket)
+        else:
+            first = check("directory", self.check_directory)
+        if first.status == FAIL:
+            skip(["list", "write"], f"the {first.name} check failed")
+            return
+        check("list", self.check_list)
+        check("write", self.check_write)
+
+    def check_credentials(self) -> Check:
+        found = bounded(_credentials, self.deadline, "looking for AWS credentials")
+        if found is None:
+            return Check("credentials", FAIL, "none found: boto3 looked in the environment, the shared credentials "
+                                              "and config files, web identity, the container and instance metadata")
+        method, complete = found
+        profile = f", profile {self.env['AWS_PROFILE']}" if self.env.get("AWS_PROFILE") else ""
+        where = f"{method} ({CREDENTIAL_SOURCES.get(method, 'botocore provider')}{profile})"
+        if not complete:
+            return Check("credentials", FAIL, f"incomplete, from {where}", {"method": method})
+        return Check("credentials", OK, f"found, from {where}", {"method": method})
+
+    def check_bucket(self) -> Check:
+        store = self.open_store()
+        assert isinstance(store, S3Store)
+
+        def head() -> tuple[str | None, str | None]:
+            from botocore.exceptions import ClientError
+
+            try:
+                response = store.client.head_bucket(Bucket=store.bucket)
+            except ClientError as exc:
+                return str(exc.response.get("Error", {}).get("Code", "?")), None
+            return None, response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
+
+        code, region = bounded(head, self.deadline, "checking the bucket")
+        where = f"s3://{store.bucket} at {store.client.meta.endpoint_url}"
+        if code in ("404", "NoSuchBucket"):
+            return Check("bucket", FAIL, f"{where} does not exist ({code})", {"exists": False})
+        if code in ("403", "AccessDenied"):
+            return Check("bucket", WARN, f"{where}: HeadBucket was denied ({code}), so whether it exists is unknown; "
+                                         "the listing below decides", {"exists": None})
+        if code is not None:
+            return Check("bucket", FAIL, f"{where}: HeadBucket answered {code}", {"exists": None})
+        return Check("bucket", OK, f"{where} exists" + (f" (region {region})" if region else ""),
+                     {"exists": True, "region": region})
+
+    def check_directory(self) -> Check:
+        assert self.settings.directory is not None
+        root, writes = Path(self.settings.directory), self.settings.writes
+        self.open_store()
+
+        def look() -> Check:
+            if root.is_dir():
+                return Check("directory", OK, f"{root} exists", {"exists": True})
+            if root.exists():
+                return Check("directory", FAIL, f"{root} exists but is not a directory", {"exists": False})
+            parent = (_missing_dirs(root) or [root])[-1].parent
+            if not parent.is_dir():
+                return Check("directory", FAIL, f"{root} cannot be created: {parent} is not a directory", {"exists": False})
+            if writes:
+                return Check("directory", OK, f"{root} does not exist yet; the first upload creates it", {"exists": False})
+            return Check("directory", WARN, f"{root} does not exist, so there is nothing to restore (is it the path "
+                                            "your CI restores, e.g. actions/cache's?)", {"exists": False})
+
+        return bounded(look, self.deadline, "looking at the directory")
+
+    def check_list(self) -> Check:
+        assert self.store is not None
+        store, prefix, fp = self.store, self.settings.prefix, self.fp
+        if fp is None:  # no folder to list for this fingerprint: the whole prefix, then
+            walked = bounded(lambda: store.walk(prefix), self.deadline, "listing the store")
+            return Check("list", OK, f"allowed: {len(walked)} objects under {prefix}", {"objects": len(walked)})
+        folders = [Layout(prefix).folder(scope, fp.key) for scope in self.read_scopes]
+        try:
+            self.listing = [(folder, info) for folder in folders
+                            for info in bounded(lambda f=folder: store.list(f), self.deadline,  # type: ignore[misc]
+                                                "listing the store")]
+        except StoreError as exc:
+            return Check("list", FAIL if self.settings.reads else WARN, str(exc))
+        counts = [sum(f == folder for f, _ in self.listing) for folder in folders]
+        where = ", ".join((f"{plural(n, 'object')} of this fingerprint" if i == 0 else str(n)) + f" in {scope}"
+                          for i, (n, scope) in enumerate(zip(counts, self.read_scopes, strict=True)))
+        return Check("list", OK, f"allowed: {where}", {"objects": len(self.listing)})
+
+    def check_write(self) -> Check:
+        assert self.store is not None
+        settings, store = self.settings, self.store
+        if not settings.writes:
+            return Check("write", OK, f"read-only by mode ({settings.mode}{self.fork_note})", {"probe": False})
+        # Beside the fingerprint folders, never in one: a restore never lists the probe, even while it exists.
+        folder, name = f"{settings.prefix}/{self.scope}", "doctor-probe-" + new_object_name()
+        created = _missing_dirs(store.root.joinpath(*folder.split("/"))) if isinstance(store, LocalDirStore) else []
+        try:
+            bounded(lambda: store.put(folder, name, PROBE_DATA), self.deadline, "writing a probe object")
+            try:
+                bounded(lambda: store.delete(folder, name), self.deadline, "deleting the probe object")
+            except StoreError as exc:
+                return Check("write", WARN, f"allowed, but deleting the probe failed ({exc}); compaction deletes too. "
+                                            f"Remove {folder}/{name} by hand", {"probe": True})
+        finally:
+            for path in created:  # what the probe created, deepest first; left alone unless empty
+                try:
+                    path.rmdir()
+                except OSError:
+                    break
+        return Check("write", OK, f"allowed: a probe object was written to {folder}/ and deleted again", {"probe": True})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

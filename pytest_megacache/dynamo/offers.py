@@ -18,7 +18,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .backends import made_ready
 from .context import compile_context
@@ -26,7 +26,7 @@ from .effects import NO_EFFECTS, Effects, Trace, count_again, shown_again
 from .ledger import LEDGER
 from .objects import Refused
 from .patches import PATCHES
-from .proofs import check_proofs
+from .proofs import check_proofs, guards_digest, unpack_guards
 from .repairs import numbering_past_name
 from .shapes import fits, note_again, notes_of
 
@@ -197,139 +197,170 @@ def bind_global(package: Any, scope: dict[str, Any], name: str, value: Any) -> N
     package._install_global(module, name, value)
 
 
+class _Torch(NamedTuple):
+    """What of torch offering stored variants needs (``load_guards``: a variant's guard state unpickled in a module's
+    globals; ``load_guard_manager``: torch's building of its guards)."""
+
+    load_guards: Callable[[bytes, dict[str, Any]], Any]
+    load_guard_manager: Callable[..., Any]
+    exceeds: Any  # convert_frame.exceeds_recompile_limit, where it exists
+    wrap: Any  # convert_frame.wrap_guarded_code
+    guarded_code: Any  # torch._dynamo.types.GuardedCode
+    timed: Any  # torch._dynamo.utils.dynamo_timed
+    orig_code_map: Any
+    output_codes: Any
+    counters: Any
+    pgo: Any
+    config: Any  # torch._dynamo.config
+
+
 def offer_where_traced(state: Any, torch: Any, load_guards: Callable[[bytes, dict[str, Any]], Any],
                        load_guard_manager: Callable[..., Any]) -> None:
-    """torch's ``_compile`` (where Dynamo traces a frame that missed its cache) takes a stored variant first, and
-    records the compile context of each frame it traces for the variant stored from it. ``load_guards`` unpickles a
-    variant's stored guard state in a module's globals, ``load_guard_manager`` builds its guards (torch's own)."""
+    """torch's ``_compile`` (where Dynamo traces a frame that missed its cache) takes a stored variant first
+    (:func:`_reused`), and records the compile context of each frame it traces for the variant stored from it
+    (:func:`_traced`). ``load_guards`` unpickles a variant's stored guard state in a module's globals,
+    ``load_guard_manager`` builds its guards (torch's own)."""
     import torch._dynamo.convert_frame as convert_frame
     import torch._dynamo.pgo as pgo
 
     compile_fn = convert_frame._compile
     signature = inspect.signature(compile_fn)
-    exceeds = getattr(convert_frame, "exceeds_recompile_limit", None)
-    wrap = getattr(convert_frame, "wrap_guarded_code", None)
-    guarded_code = getattr(torch._dynamo.types, "GuardedCode", None)
-    timed = torch._dynamo.utils.dynamo_timed
-    orig_code_map, output_codes = torch._dynamo.utils.orig_code_map, convert_frame.output_codes
-    counters = torch._dynamo.utils.counters
-
-    def build(offer: Offer) -> Any:
-        if offer.failed is not None:
-            raise offer.failed
-        if offer.prepared.guards_state is None:
-            try:
-                with timed("precompile_load_guards"):
-                    offer.prepared.guards_state = load_guards(offer.stored, offer.scope)
-            except Exception as exc:  # the variant is never offered again in this process
-                offer.failed = exc
-                raise
-        try:
-            check_proofs(offer.proofs, offer.scope, offer.prepared.guards_state.output_graph.local_scope,
-                         functools.partial(bind_global, offer.package, offer.scope))
-        except Refused as exc:
-            note_stale(state.stale, offer, exc)
-            raise
-        if offer.prepared.manager is not None:
-            return offer.prepared.manager
-        return load_guard_manager(offer.prepared.guards_state, offer.code, offer.scope)
-
-    def reused(args: dict[str, Any], context: str | None) -> Any:
-        state.install_deferred(args["code"])
-        # traced while its stored entry waits for a module: what it traces is not written (the entry holds it)
-        waiting = state.waiting_for(args["code"], args["globals"])
-        offers = state.offers.of(args["code"])
-        if not offers or args.get("export") or wrap is None or guarded_code is None:
-            state.retraced = UNSTABLE if waiting else NEW
-            return None
-        compile_id = args["compile_id"]
-        if exceeds is not None and exceeds(args["cache_size"], compile_id)[0]:
-            return None  # torch says so, as without the option
-        passed_over: list[Offer] = []
-        code, closure = args["code"], args.get("closure")
-        with timed("precompile_build_guards"):
-            found, refusal = take(offers, context, args["locals"], build, passed_over,
-                                  lambda offer: fits(offer.effects.shapes, code, closure, pgo))
-        if found is None:
-            if refusal is not None:
-                state.refuse(*refusal)  # once per frame traced in place of a stored variant
-            state.retraced = UNSTABLE if waiting else superseded(passed_over, state.test)
-            return None
-        offer, manager = found
-        try:
-            made_ready(offer.dynamo_code, offer.scope)  # its compiled graphs, deserialized where first taken
-        except Exception as exc:  # noqa: BLE001 - never offered again here; the frame is traced
-            offer.failed = exc
-            state.refuse("load_failed", f"a stored compiled graph did not load: {type(exc).__name__}: {exc}")
-            return None
-        try:
-            # what the trace noted of its inputs' shapes, as torch's objects (noted again below)
-            notes = notes_of(offer.effects.shapes, code, closure, pgo) if offer.effects.shapes else []
-        except Exception as exc:  # noqa: BLE001
-            state.refuse("side_effect", f"the shapes the trace saw not noted again: {type(exc).__name__}: {exc}")
-            return None
-        try:
-            # what the trace showed, shown again where it would have been (before the frame runs); what the filters of
-            # the moment make of a warning (-W error), or a warning's class gone: traced instead, and torch does it
-            shown_again(offer.effects)
-        except Exception as exc:  # noqa: BLE001
-            state.refuse("side_effect", f"the warnings of the trace not shown again: {type(exc).__name__}: {exc}")
-            return None
-        count_again(offer.effects, counters)  # what the trace added to torch's counters (a test may read them)
-        # and to torch's record of the shapes each input had (automatic dynamic shapes): a later trace of the code
-        # marks dynamic what differs, as where this frame was traced
-        note_again(notes, pgo, torch._dynamo.config)
-        state.taken.add(offer.digest)
-        LEDGER.spared += offer.seconds
-        state.count("dynamo_frames_reused")
-        # what torch notes of a frame it traced: its output code's origin (read where a later call of it recompiles)
-        # and the code to reset with Dynamo's caches
-        orig_code_map[offer.dynamo_code] = offer.code
-        output_codes.add(offer.dynamo_code)
-        return wrap(guarded_code(offer.dynamo_code, manager, compile_id, f"Torch-Compiled Region: {compile_id}"))
-
+    own = _Torch(load_guards, load_guard_manager, getattr(convert_frame, "exceeds_recompile_limit", None),
+                 getattr(convert_frame, "wrap_guarded_code", None), getattr(torch._dynamo.types, "GuardedCode", None),
+                 torch._dynamo.utils.dynamo_timed, torch._dynamo.utils.orig_code_map, convert_frame.output_codes,
+                 torch._dynamo.utils.counters, pgo, torch._dynamo.config)
     if "package" in signature.parameters:
         _code_context_named(torch)
 
     @functools.wraps(compile_fn)
     def _compile(*args: Any, **kwargs: Any) -> Any:
-        context, outer = None, state.retraced  # outer: an enclosing compile's, put back when this one ends
-        state.retraced = NEW  # set by reused() for the frame traced next
-        key = None
-        try:
-            with LEDGER.offering():
-                bound = signature.bind(*args, **kwargs).arguments
-                key = str(bound["compile_id"])
-                context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"],
-                                          state.any_backend)
-                result = reused(bound, context)
-        except Exception as exc:  # noqa: BLE001 - any failure: the frame is traced as without the option
-            state.refuse("torch_error", f"stored variants not offered: {type(exc).__name__}: {exc}")
-            result = None
-        if result is not None:
-            state.retraced = outer
-            return result
-        state.contexts.append(context)
-        if key is not None and (trace := _trace(counters, bound["code"])) is not None:
-            state.traces[key] = trace  # what the trace does that a test can see (effects)
-        try:
-            try:
-                return compile_fn(*args, **kwargs)
-            except _Unpackaged as exc:
-                # torch could not record the frame's code in the wrapper's entry, before anything was traced: the
-                # frame is compiled outside the entry, as without the option, and nothing of it is stored
-                state.refuse("torch_error", f"torch cannot record the frame's code: {exc}")
-                again = signature.bind(*args, **kwargs)
-                again.arguments["package"] = None
-                return compile_fn(*again.args, **again.kwargs)
-        finally:
-            state.contexts.pop()
-            if key is not None:
-                state.traces.pop(key, None)
-            state.retraced = outer
+        return _traced(state, own, compile_fn, signature, args, kwargs)
 
     PATCHES.replace(convert_frame, "_compile", _compile,
                     "a stored variant is taken where Dynamo is about to trace a frame of its code, under its compile")
+
+
+def _traced(state: Any, own: _Torch, compile_fn: Any, signature: inspect.Signature, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> Any:
+    """torch's ``_compile(*args, **kwargs)``, unless a stored variant is taken; the compile context and what the trace
+    does that a test can see are noted for the variant stored from it."""
+    context, outer = None, state.retraced  # outer: an enclosing compile's, put back when this one ends
+    state.retraced = NEW  # set by _reused() for the frame traced next
+    key = None
+    try:
+        with LEDGER.offering():
+            bound = signature.bind(*args, **kwargs).arguments
+            key = str(bound["compile_id"])
+            context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"], state.any_backend)
+            result = _reused(state, own, bound, context)
+    except Exception as exc:  # noqa: BLE001 - any failure: the frame is traced as without the option
+        state.refuse("torch_error", f"stored variants not offered: {type(exc).__name__}: {exc}")
+        result = None
+    if result is not None:
+        state.retraced = outer
+        return result
+    state.contexts.append(context)
+    if key is not None and (trace := _trace(own.counters, bound["code"])) is not None:
+        state.traces[key] = trace  # what the trace does that a test can see (effects)
+    try:
+        try:
+            return compile_fn(*args, **kwargs)
+        except _Unpackaged as exc:
+            # torch could not record the frame's code in the wrapper's entry, before anything was traced: the frame is
+            # compiled outside the entry, as without the option, and nothing of it is stored
+            state.refuse("torch_error", f"torch cannot record the frame's code: {exc}")
+            again = signature.bind(*args, **kwargs)
+            again.arguments["package"] = None
+            return compile_fn(*again.args, **again.kwargs)
+    finally:
+        state.contexts.pop()
+        if key is not None:
+            state.traces.pop(key, None)
+        state.retraced = outer
+
+
+def _build(state: Any, own: _Torch, offer: Offer) -> Any:
+    """The guards of ``offer``, once its proofs hold (:class:`Refused` where one does not)."""
+    if offer.failed is not None:
+        raise offer.failed
+    if offer.prepared.guards_state is None:
+        try:
+            with own.timed("precompile_load_guards"):
+                offer.prepared.guards_state = own.load_guards(offer.stored, offer.scope)
+        except Exception as exc:  # the variant is never offered again in this process
+            offer.failed = exc
+            raise
+    try:
+        check_proofs(offer.proofs, offer.scope, offer.prepared.guards_state.output_graph.local_scope,
+                     functools.partial(bind_global, offer.package, offer.scope))
+    except Refused as exc:
+        note_stale(state.stale, offer, exc)
+        raise
+    if offer.prepared.manager is not None:
+        return offer.prepared.manager
+    return own.load_guard_manager(offer.prepared.guards_state, offer.code, offer.scope)
+
+
+def _reused(state: Any, own: _Torch, args: dict[str, Any], context: str | None) -> Any:
+    """What torch's ``_compile`` returns for a stored variant of the frame taken (:func:`take`), or None: the frame is
+    traced, and what it is to its own test's stored variants noted (``state.retraced``)."""
+    state.install_deferred(args["code"])
+    # traced while its stored entry waits for a module: what it traces is not written (the entry holds it)
+    waiting = state.waiting_for(args["code"], args["globals"])
+    offers = state.offers.of(args["code"])
+    if not offers or args.get("export") or own.wrap is None or own.guarded_code is None:
+        state.retraced = UNSTABLE if waiting else NEW
+        return None
+    if own.exceeds is not None and own.exceeds(args["cache_size"], args["compile_id"])[0]:
+        return None  # torch says so, as without the option
+    passed_over: list[Offer] = []
+    code, closure = args["code"], args.get("closure")
+    with own.timed("precompile_build_guards"):
+        found, refusal = take(offers, context, args["locals"], functools.partial(_build, state, own), passed_over,
+                              lambda offer: fits(offer.effects.shapes, code, closure, own.pgo))
+    if found is None:
+        if refusal is not None:
+            state.refuse(*refusal)  # once per frame traced in place of a stored variant
+        state.retraced = UNSTABLE if waiting else superseded(passed_over, state.test)
+        return None
+    return _taken(state, own, *found, args)
+
+
+def _taken(state: Any, own: _Torch, offer: Offer, manager: Any, args: dict[str, Any]) -> Any:
+    """``offer``, whose guards (``manager``) hold, as torch's ``_compile`` returns a frame it traced: its compiled graphs
+    made ready and what its trace did that a test can see done again; None (the frame is traced) where either fails."""
+    code, closure, compile_id = args["code"], args.get("closure"), args["compile_id"]
+    try:
+        made_ready(offer.dynamo_code, offer.scope)  # its compiled graphs, deserialized where first taken
+    except Exception as exc:  # noqa: BLE001 - never offered again here; the frame is traced
+        offer.failed = exc
+        state.refuse("load_failed", f"a stored compiled graph did not load: {type(exc).__name__}: {exc}")
+        return None
+    try:
+        # what the trace noted of its inputs' shapes, as torch's objects (noted again below)
+        notes = notes_of(offer.effects.shapes, code, closure, own.pgo) if offer.effects.shapes else []
+    except Exception as exc:  # noqa: BLE001
+        state.refuse("side_effect", f"the shapes the trace saw not noted again: {type(exc).__name__}: {exc}")
+        return None
+    try:
+        # what the trace showed, shown again where it would have been (before the frame runs); what the filters of the
+        # moment make of a warning (-W error), or a warning's class gone: traced instead, and torch does it
+        shown_again(offer.effects)
+    except Exception as exc:  # noqa: BLE001
+        state.refuse("side_effect", f"the warnings of the trace not shown again: {type(exc).__name__}: {exc}")
+        return None
+    count_again(offer.effects, own.counters)  # what the trace added to torch's counters (a test may read them)
+    # and to torch's record of the shapes each input had (automatic dynamic shapes): a later trace of the code marks
+    # dynamic what differs, as where this frame was traced
+    note_again(notes, own.pgo, own.config)
+    state.taken.add(offer.digest)
+    LEDGER.spared += offer.seconds
+    state.count("dynamo_frames_reused")
+    # what torch notes of a frame it traced: its output code's origin (read where a later call of it recompiles) and
+    # the code to reset with Dynamo's caches
+    own.orig_code_map[offer.dynamo_code] = offer.code
+    own.output_codes.add(offer.dynamo_code)
+    return own.wrap(own.guarded_code(offer.dynamo_code, manager, compile_id, f"Torch-Compiled Region: {compile_id}"))
 
 
 def _trace(counters: Any, code: Any) -> Trace | None:
@@ -358,6 +389,66 @@ def guards_of(load_guards_state: Any, builtins_of: Any, bytecode_transformation:
         numbering_past_name(bytecode_transformation, name)
     return loaded
 
+
+
+def offers_kept(state: Any, torch: Any, package: Any, guards: Any, bytecode_transformation: Any) -> None:
+    """torch's install of a stored entry puts its globals in place but keeps each variant as an :class:`Offer` (its
+    guards unpickled and built where it is offered), and torch's ``_compile`` offers them
+    (:func:`offer_where_traced`); an uninstalled package's offers go with it."""
+    CompilePackage = package.CompilePackage
+    load_guards_state = package.load_guards_state
+    guards_state_class = guards.GuardsState
+
+    def load_guards_state_proven(data: bytes) -> Any:
+        # torch's install unpickles every variant's guards here, and builds them next: both are left to the offer
+        # (a variant of another compile, or of a frame never called, is never unpickled), whose placeholder tells
+        # torch's install that no builtins dict is to be put in place yet (the offer does it, as torch does)
+        stored = unpack_guards(data)
+        placeholder = guards_state_class.__new__(guards_state_class)
+        object.__setattr__(placeholder, "output_graph", NO_BUILTINS)
+        state.pending[id(placeholder)] = (stored, guards_digest(data), placeholder)
+        return placeholder
+
+    PATCHES.replace(package, "load_guards_state", load_guards_state_proven,
+                    "a variant's guard state unpickled where it is offered, not when its entry is installed")
+    load_guard_manager = package.load_guard_manager
+
+    def load_guard_manager_deferred(guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
+        # torch's install builds every variant's guards here and installs them on the code next: each is kept as an
+        # offer instead, its guards built where Dynamo is about to trace a frame of that code (_compile below)
+        pending = state.pending.pop(id(guards_state), None)
+        if pending is None:
+            raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
+        stored, digest, _ = pending
+        return Offer(target_code, None, stored.guards_state, runtime_global_scope, stored.proofs, stored.context,
+                     state.installing, digest, stored.origin, stored.effects, stored.seconds)
+
+    PATCHES.replace(package, "load_guard_manager", load_guard_manager_deferred,
+                    "each stored variant kept as an offer, its guards built where Dynamo is about to trace its code")
+    eval_frame_c = torch._C._dynamo.eval_frame
+    load_precompile_entry = eval_frame_c._load_precompile_entry
+
+    def load_offer(code: Any, guard_manager: Any, dynamo_code: Any) -> Any:
+        if not isinstance(guard_manager, Offer):
+            return load_precompile_entry(code, guard_manager, dynamo_code)
+        guard_manager.dynamo_code = dynamo_code
+        state.offers.add(guard_manager)
+        return None
+
+    PATCHES.replace(eval_frame_c, "_load_precompile_entry", load_offer,
+                    "offers kept beside the code instead of installed on it, under any wrapper's backend")
+    uninstall = CompilePackage.uninstall
+
+    @functools.wraps(uninstall)
+    def uninstall_offers(self: Any) -> None:
+        state.offers.drop_package(self)
+        uninstall(self)
+
+    PATCHES.replace(CompilePackage, "uninstall", uninstall_offers, "an uninstalled package's offers go with its globals")
+    from torch._dynamo.output_graph import get_builtins_dict
+
+    offer_where_traced(state, torch, functools.partial(guards_of, load_guards_state, get_builtins_dict,
+                                                       bytecode_transformation), load_guard_manager)
 
 
 class _Unpackaged(Exception):

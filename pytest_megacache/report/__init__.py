@@ -15,6 +15,7 @@ from typing import Any
 
 from ..fsutil import write_atomic
 from ..torch_adapter import MISS_COUNTERS, counter_sum  # a light module: it imports no torch
+from .findings import unstorable_note, unused_note
 from .stats import (
     LoadStats,
     ProcessTimes,
@@ -35,7 +36,7 @@ __all__ = [
     "REPORT_SCHEMA", "REPORT_VERSION", "LoadStats", "ProcessTimes", "RestoreStats", "SessionReport", "TorchStats",
     "TritonStats", "TritonWatch", "UploadStats", "XdistStats", "append_step_summary", "as_count", "dynamo_reuse_text",
     "human_age", "human_bytes", "markdown", "plural", "process_age", "slowest_uncached", "terminal_lines",
-    "triton_figures", "write_json",
+    "triton_figures", "unstorable_note", "unused_note", "write_json",
 ]
 
 REPORT_SCHEMA = "pytest-megacache/report"
@@ -321,6 +322,18 @@ def _upload_lines(up: UploadStats, verbose: int, triton: TritonStats | None = No
 
 
 def terminal_lines(report: SessionReport, verbose: int = 0, durations: int = 0) -> list[str]:
+    """The session's summary: by default what was restored and from where, the cache's hits and the frames reused, the
+    compiling and the seconds saved, what was uploaded, and each problem's count (at most 4 lines, and one per kind of
+    problem); with ``verbose`` (``pytest -v``) everything: the fingerprint, the load, each layer's and each process's
+    figures, the notes. ``durations``: the slowest uncached compiles, as asked."""
+    if report.enabled and verbose <= 0:
+        return _short_lines(report, durations)
+    return full_lines(report, verbose, durations)
+
+
+def full_lines(report: SessionReport, verbose: int = 0, durations: int = 0) -> list[str]:
+    """Every line of the summary (the step summary's, and the terminal's under ``pytest -v``; ``verbose`` adds the
+    folders restored from, each xdist worker's and each process's figures)."""
     if not report.enabled:
         return [f"disabled: {report.reason}"]
     fp, scope = report.fingerprint or {}, report.scope or {}
@@ -331,29 +344,56 @@ def terminal_lines(report: SessionReport, verbose: int = 0, durations: int = 0) 
         lines.append("idle: the session never imported torch, so nothing was restored or uploaded")
         return lines + report.notes
     lines += _restore_lines(r, verbose, report.xdist) + _load_line(ld) + _torch_lines(t, report.xdist)
-    if durations:
-        slow = slowest_uncached(t, durations)
-        lines.append(f"slowest {len(slow)} uncached compiles:" if slow else "no test compiled anything uncached")
-        lines.extend(f"  {rec['seconds']:7.2f} s  {rec['compiles']:3d} compiles  {nodeid}" for nodeid, rec in slow)
-    lines += _upload_lines(up, verbose, t.triton)
+    lines += _slowest(t, durations) + _upload_lines(up, verbose, t.triton)
     if verbose > 0:
         lines += _worker_lines(report.xdist)
     if verbose > 0 and report.processes:
         lines.append("seconds per process (startup to report; the exit comes after):")
         lines.extend("  " + p.line() for p in report.processes)
-    if report.xdist is not None and report.xdist.lost:
-        lines.append("xdist workers that handed nothing over (their new artifacts are lost): "
-                     + ", ".join(report.xdist.lost))
+    lines += _lost(report)
     lines.extend(report.notes)
-    if report.problems:
-        lines.append(f"{len(report.problems)} problem(s); the session ran without that part of the cache")
-    return lines
+    return lines + _problems(report)
+
+
+def _short_lines(report: SessionReport, durations: int) -> list[str]:
+    r, t, up = report.restore, report.torch, report.upload
+    if r is None or report.load is None or t is None or up is None:
+        return ["idle: the session never imported torch, so nothing was restored or uploaded"]
+    store = f"{report.settings['store']} (scope {(report.scope or {}).get('write')})"
+    restored = _restore_lines(r, 0, report.xdist)
+    if not restored:
+        line = f"restored nothing from {store}"
+    else:
+        line = f"{restored[0]}, from {store}" + (f"; nothing stored for this fingerprint: {r.why_miss}" if r.why_miss else "")
+    torch_lines = _torch_lines(t, report.xdist)[:2] if t.compiled else [_torch_lines(t, report.xdist)[0]]
+    return [line, *torch_lines, *_slowest(t, durations), _upload_lines(up, 0, t.triton)[0], *_lost(report),
+            *_problems(report)]
+
+
+def _slowest(t: TorchStats, durations: int) -> list[str]:
+    if not durations:
+        return []
+    slow = slowest_uncached(t, durations)
+    return [f"slowest {len(slow)} uncached compiles:" if slow else "no test compiled anything uncached",
+            *(f"  {rec['seconds']:7.2f} s  {rec['compiles']:3d} compiles  {nodeid}" for nodeid, rec in slow)]
+
+
+def _lost(report: SessionReport) -> list[str]:
+    if report.xdist is None or not report.xdist.lost:
+        return []
+    return ["xdist workers that handed nothing over (their new artifacts are lost): " + ", ".join(report.xdist.lost)]
+
+
+def _problems(report: SessionReport) -> list[str]:
+    if not report.problems:
+        return []
+    return [f"{len(report.problems)} problem(s); the session ran without that part of the cache"]
 
 
 def markdown(report: SessionReport, durations: int = 0) -> str:
     out = ["### pytest-megacache", ""]
     out.extend(f"- {line}" if not line.startswith("  ") else f"  - {line.strip()}"
-               for line in terminal_lines(report, durations=durations))
+               for line in full_lines(report, durations=durations))
     out.extend(f"- :warning: {p}" for p in report.problems)
     return "\n".join(out) + "\n"
 

@@ -85,7 +85,7 @@ class Worker(Compiling):
                     # What this worker compiled, and what its child processes did (in its cache directories), even
                     # when this worker compiled nothing itself (collect counts those in ts.other_processes). A
                     # profile (pgo) this worker grew counts as new too: the controller merges the workers' copies.
-                    new = cs.scrubbed(cs.collect(self.adapter)).minus(cs.restored)
+                    new = cs.scrubbed(cs.upload.collect(self.adapter)).minus(cs.restored)
                     cs.upload.say_skipped()  # the files left out, said by the controller with this worker's name
                     output.update(staging.hand_over(self.staged_at, self.worker_id, new, cs.fingerprint))
                 output.update({"torch": {k: v for k, v in asdict(ts).items() if k != "layers"},

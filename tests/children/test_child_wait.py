@@ -122,7 +122,7 @@ def test_restore_signal_sets_and_restores_the_variables(tmp_path: Path, monkeypa
 def test_the_retired_children_flag_is_accepted_with_a_note(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_plain():\n    assert True\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--megacache-dir", str(pytester.path / "store"),
-                                           "--megacache-children")
+                                           "--megacache-children", "-v")  # -v: the summary's notes
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*--megacache-children (MEGACACHE_CHILDREN) is no longer needed*"])
     assert not (pytester.path / "store").exists()  # still nothing restored or stored: nothing imported torch

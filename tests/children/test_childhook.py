@@ -1037,7 +1037,7 @@ def test_a_session_reads_its_childrens_records_and_removes_its_spool(pytester: p
         for k, v in env.items():
             mp.setenv(k, v)
         mp.delenv(SPOOL_ENV, raising=False)
-        result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")  # -v: the summary's notes
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*1 child process(es) compiled without asking for this session's cache*"])
     spool = Path(seen.read_text())

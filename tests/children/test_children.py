@@ -124,7 +124,7 @@ def test_compiles_in_child_processes_are_stored_and_hit_warm(pytester: pytest.Py
     pytest's own process has imported torch."""
     store = tmp_path / "store"
     project = kid_project(pytester, store)
-    cold = run_with_kids(project)
+    cold = run_with_kids(project, "-v")  # -v: the summary's lines on child processes
     cold.result.assert_outcomes(passed=3)
     for name in ("subprocess", "spawn", "killed"):
         assert kid_counters(cold, name)["inductor"].get("fxgraph_cache_miss") == 1
@@ -147,7 +147,7 @@ def test_compiles_in_child_processes_are_stored_and_hit_warm(pytester: pytest.Py
     assert sum(name.startswith("fxgraph/") for name in names) == 3
     assert not cold.megacache_warnings(), cold.result.outlines[-20:]
 
-    warm = run_with_kids(project, "-n", "2", "--dist", "loadfile")
+    warm = run_with_kids(project, "-n", "2", "--dist", "loadfile", "-v")  # -v: the children's lines
     warm.result.assert_outcomes(passed=3)
     for name in ("subprocess", "spawn", "killed"):
         counters = kid_counters(warm, name)["inductor"]

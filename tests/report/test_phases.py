@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 
 from pytest_megacache.core import CacheSession
-from pytest_megacache.report import SessionReport, terminal_lines
+from pytest_megacache.report import SessionReport, markdown, terminal_lines
 from pytest_megacache.report.stats import PHASES, LoadStats, ProcessTimes, RestoreStats, TorchStats, UploadStats, process_age
 from pytest_megacache.stores import MemoryStore
 from pytest_megacache.torch_adapter import TorchAdapter
@@ -76,6 +76,35 @@ def test_the_report_lists_each_process_in_json_and_in_verbose_lines() -> None:
     loud = terminal_lines(report, verbose=1)
     assert "  gw0: 10.25 s = startup 1.00, imports 4.00, backend 2.25, tests 3.00" in loud, loud
     assert "  controller: 11.50 s = startup 0.50, tests 10.00, finish 1.00" in loud, loud
+
+
+def test_the_summary_says_four_lines_by_default_and_everything_under_verbose() -> None:
+    """By default: what was restored and from where, the hits and frames reused, the compiling and seconds saved,
+    what was uploaded, and one line for the problems; the fingerprint, the load, the layers' details and the notes
+    (the signing hint, ...) under -v, and in the step summary."""
+    restore = RestoreStats(attempted=True, ok=True, objects_listed=2, objects_used=2, bytes_fetched=2048,
+                           entries={"torch/inductor": 3}, files_written=5)
+    torch = TorchStats(compiled=True, compiles=3, compile_seconds=1.5, seconds_saved=20.0,
+                       counters={"fxgraph_cache_hit": 3, "dynamo_frames_reused": 2, "dynamo_traced": 1},
+                       isa_checks={"reused": 6})
+    report = SessionReport(enabled=True, reason=None, settings={"store": "s3://bucket/prefix", "mode": "readwrite"},
+                           fingerprint={"key": "torch-k"}, scope={"write": "main"}, session_seconds=11.0,
+                           notes=["restored bundles are trusted as-is: set MEGACACHE_SIGNING_KEY to sign and verify them"],
+                           problems=["upload: cannot write"], restore=restore, load=LoadStats(called=True, ok=True),
+                           torch=torch, upload=UploadStats(reason="nothing new"))
+    quiet = terminal_lines(report)
+    assert quiet[0].startswith("restored 2/2 objects, 2.0 KB") and quiet[0].endswith(", from s3://bucket/prefix (scope main)")
+    assert quiet[1].startswith("torch: FX graph 3 hit") and "Dynamo reuse 2 frames reused / 1 traced" in quiet[1]
+    assert quiet[2].startswith("3 compiles, 1.50 s compiling; about 20.0 s of cold compiling saved")
+    assert quiet[3:] == ["uploaded nothing: nothing new", "1 problem(s); the session ran without that part of the cache"]
+    loud = terminal_lines(report, verbose=1)
+    for line in ("fingerprint torch-k", "store s3://bucket/prefix (mode readwrite, scope main)",
+                 "torch's CPU vector-ISA load checks: 6 taken from an earlier run's record, 0 run", *report.notes):
+        assert line in loud and line not in quiet, line
+    assert set(quiet[1:]) <= set(loud) and markdown(report).count("\n- ") >= len(loud) - 1
+    idle = SessionReport(enabled=True, reason=None, settings={"store": "dir:x", "mode": "readwrite"}, fingerprint={},
+                         scope={}, session_seconds=0.1, notes=["a note"], problems=[])
+    assert terminal_lines(idle) == ["idle: the session never imported torch, so nothing was restored or uploaded"]
 
 
 @dataclass

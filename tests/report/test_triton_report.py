@@ -387,7 +387,7 @@ def test_a_warm_session_reports_every_triton_kernel_loaded_and_none_compiled(pyt
                         "hits_unknown": None, "processes": 1}
     assert cold.report is not None and cold.report["upload"]["new_entries"]["file/triton"] >= 3 * 2
 
-    warm = project.run(env={"USER_LISTENER_OUT": str(heard)})  # fresh cache directories at other paths
+    warm = project.run("-v", env={"USER_LISTENER_OUT": str(heard)})  # fresh cache directories at other paths
     warm.result.assert_outcomes(passed=3)
     assert json.loads(heard.read_text()) == {"heard": [True] * 3, "restored": True}  # Triton's own word: all cached
     assert triton_figures(warm.report) == {"counted": "listener", "hits": 3, "hits_restored": 3, "compiled": 0,

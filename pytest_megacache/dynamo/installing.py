@@ -1,0 +1,161 @@
+"""Stored entries loaded and installed where ``torch.compile()`` wraps a function, failing open per frame
+(:func:`installed_where_wrapped`): an entry is taken only for the code it was traced from; one whose inlined sources
+changed, or that fails to install, leaves nothing behind and its frames are traced as without reuse; one whose
+modules are not there yet (a module a library generates when first used) is installed where a frame of its code is
+about to be traced, once they are. Reuse's own time here is counted (:mod:`.ledger`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, NamedTuple
+
+from . import repairs
+from .backends import postponed
+from .ledger import LEDGER
+from .merge import entry_signature, loaded_if_same_code
+from .objects import importable, missing_module
+from .patches import PATCHES
+
+__all__ = ["install_entry", "installed_where_wrapped"]
+
+
+class _Own(NamedTuple):
+    """torch's own pieces an install goes through."""
+
+    install: Any  # CompilePackage.install
+    initialize: Any  # CompilePackage.initialize
+    eval_frame: Any  # torch._dynamo.eval_frame
+    bytecode_transformation: Any  # torch._dynamo.bytecode_transformation
+
+
+def installed_where_wrapped(state: Any, torch: Any, package: Any, bytecode_transformation: Any) -> None:
+    """torch's ``DynamoCache.load`` and ``CompilePackage.initialize`` / ``install`` wrapped (see above); ``state``:
+    the process's reuse state, whose ``install_deferred`` an offer calls for a code about to be traced."""
+    package_class, cache = package.CompilePackage, package.DynamoCache
+    innermost_fn, load = torch._dynamo.eval_frame.innermost_fn, cache.load
+    own = _Own(package_class.install, package_class.initialize, torch._dynamo.eval_frame, bytecode_transformation)
+
+    def checked_load(fn: Any) -> Any:
+        before, state.before_load = state.before_load, lambda: None  # once
+        before()
+        with LEDGER.spending():
+            return loaded_if_same_code(state, fn, load, innermost_fn)
+
+    PATCHES.replace(cache, "load", checked_load, "a stored entry is taken only for the code it was traced from")
+
+    @functools.wraps(own.initialize)
+    def initialize_or_fresh(self: Any, fn: Any, dynamo: Any = None, ignore_inlined_sources: bool = False) -> None:
+        if dynamo is None:
+            own.initialize(self, fn, None, ignore_inlined_sources)
+            return
+        try:
+            with LEDGER.spending():  # torch checks the inlined sources of the stored entry here
+                own.initialize(self, fn, dynamo, ignore_inlined_sources)
+            self._megacache_loaded = dynamo
+        except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
+            if (missing := missing_module(exc)) is not None:
+                self._megacache_deferred = (fn, dynamo, missing)  # installed where its frame runs, if it appears
+            else:
+                state.refuse_error(exc)
+            fresh(self, fn, own.initialize)
+            self._megacache_fresh = True  # torch installs the loaded backends next: nothing is to be installed
+
+    PATCHES.replace(package_class, "initialize", initialize_or_fresh,
+                    "an entry whose inlined sources changed, or whose modules are not there yet, leaves its frames traced")
+
+    @functools.wraps(own.install)
+    def install_or_fresh(self: Any, backends: Any) -> None:
+        with LEDGER.spending():
+            install_entry(state, own, self, postponed(backends))
+
+    PATCHES.replace(package_class, "install", install_or_fresh, "an entry that fails to install leaves nothing behind; "
+                    "its compiled graphs deserialized where first needed; what was installed noted for writing")
+
+    def install_deferred(code: Any) -> None:
+        """The stored entry of a function whose modules were missing when it was wrapped, installed where a frame of
+        its code is about to be traced, once they are there (a module a library generates when it is first used)."""
+        deferred = state.deferred.get(id(code))
+        if deferred is None or deferred[0] is not code:
+            return
+        _, fn, dynamo, backends, missing = deferred
+        if not importable(missing):
+            state.refuse("missing_module", f"{missing} is not there")  # once per frame traced
+            return
+        del state.deferred[id(code)]
+        # may defer it again (another module missing) or refuse it, as when wrapped; its offers hold the package
+        package_class(fn, dynamo).install(backends)
+
+    state.install_deferred = install_deferred
+
+
+def install_entry(state: Any, own: _Own, pkg: Any, backends: Any) -> None:
+    """torch's install of the package ``pkg`` (initialized from a stored entry, or fresh), counted; any failure leaves
+    nothing of the entry and ``pkg`` fresh, and an entry whose modules are missing waits for them (:func:`defer`)."""
+    loaded = pkg.__dict__.pop("_megacache_loaded", None)
+    if pkg.__dict__.pop("_megacache_fresh", False):
+        if (deferred := pkg.__dict__.pop("_megacache_deferred", None)) is not None:
+            fn, dynamo, missing = deferred
+            defer(state, pkg, fn, dynamo, missing, backends)
+        return
+    modules = [sys.modules.get(entry.python_module) for entry in list(pkg._codes.values())]
+    skip_code = own.eval_frame.skip_code
+    # torch marks the code of a stored entry without compiled variants as never to be compiled (meant for frames whose
+    # graph was empty): such a frame, a resume function never reached when it was traced say, would then run eagerly
+    # where a run without the option compiles it. Dynamo traces it as usual instead.
+    own.eval_frame.skip_code = _no_skip
+    state.installing = pkg
+    try:
+        own.install(pkg, backends)
+    except Exception as exc:  # noqa: BLE001 - any failure: nothing of the entry stays, the frame is traced
+        fn = pkg._innermost_fn
+        if (missing := missing_module(exc)) is not None and loaded is not None:
+            defer(state, pkg, fn, loaded, missing, backends)  # an import source not there yet
+        else:
+            state.refuse_error(exc)
+        try:
+            pkg.uninstall()
+        finally:
+            fresh(pkg, fn, own.initialize)
+            repairs.numbering_past(own.bytecode_transformation, modules)
+        return
+    finally:
+        own.eval_frame.skip_code = skip_code
+        state.installing = None
+    state.count("dynamo_reused")
+    if loaded is not None:
+        state.loaded[pkg.source_id] = loaded  # what the store held: merged into what this process stores
+        if pkg.source_id not in state.loaded_as:  # once per key (every wrapper of the function installs it)
+            # as it is now: the package records the variants this process traces into the same code entries
+            state.loaded_as[pkg.source_id] = entry_signature(loaded)
+    repairs.numbering_past(own.bytecode_transformation, modules)
+    state.used.setdefault(pkg.source_id)
+
+
+def defer(state: Any, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any) -> None:
+    """The stored entry ``dynamo`` of ``fn``, whose module ``missing`` is not there yet, kept for an install where a
+    frame of its code is about to be traced; each of its codes noted as waiting for that module."""
+    code = getattr(package._innermost_fn, "__code__", None)
+    if code is None:
+        state.refuse("missing_module", f"{missing} is not there")
+        return
+    state.deferred[id(code)] = (code, fn, dynamo, backends, missing)
+    for entry in getattr(dynamo, "codes", ()):
+        state.waiting[(str(entry.python_module), int(entry.python_code.co_firstlineno), entry.python_code.co_name)] = missing
+
+
+def _no_skip(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def fresh(pkg: Any, fn: Any, initialize: Any) -> None:
+    """A CompilePackage back to a fresh one for ``fn``, in place (torch holds it), as if nothing had been loaded;
+    ``initialize`` is torch's own CompilePackage.initialize."""
+    pkg._initialized = False
+    pkg._codes = {}
+    pkg._current_entry = None
+    pkg._installed_globals = {}
+    pkg._resume_codes = set()
+    pkg.__dict__.pop("source_id", None)
+    initialize(pkg, fn, None, False)
