@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 __all__ = ["LEDGER", "Ledger", "cost_seconds", "cost_spans", "offered_seconds", "spared_seconds"]
 
@@ -35,8 +35,8 @@ class Ledger:
         return int(getattr(self._inside, "depth", 0))
 
     @contextmanager
-    def offering(self) -> Iterator[None]:
-        """Time spent offering stored variants (an offer may install a deferred entry: counted here, once)."""
+    def _outermost(self, counted: Callable[[float, float], None]) -> Iterator[None]:
+        """Times the block; ``counted(start, end)`` where no other block of the ledger encloses it on this thread."""
         outer = self._depth()
         self._inside.depth = outer + 1
         started = time.perf_counter()
@@ -45,20 +45,18 @@ class Ledger:
         finally:
             self._inside.depth = outer
             if outer == 0:
-                self.offered += time.perf_counter() - started
+                counted(started, time.perf_counter())
 
-    @contextmanager
-    def spending(self) -> Iterator[None]:
+    def offering(self) -> AbstractContextManager[None]:
+        """Time spent offering stored variants (an offer may install a deferred entry: counted here, once)."""
+        return self._outermost(self._offered)
+
+    def spending(self) -> AbstractContextManager[None]:
         """Time spent loading or installing a stored entry, or making a stored graph ready, outside an offer."""
-        outer = self._depth()
-        self._inside.depth = outer + 1
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._inside.depth = outer
-            if outer == 0:
-                self.spans.append((started, time.perf_counter()))
+        return self._outermost(lambda start, end: self.spans.append((start, end)))
+
+    def _offered(self, start: float, end: float) -> None:
+        self.offered += end - start
 
     def cost(self) -> float:
         return self.offered + sum(end - start for start, end in self.spans)
