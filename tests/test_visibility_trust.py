@@ -126,7 +126,8 @@ def test_signed_objects_round_trip_and_unsigned_or_forged_ones_are_refused(pytes
     assert warm.report["restore"]["objects_rejected"] == 2
     warm.result.stdout.fnmatch_lines([f"*refused*{planted.name}*unsigned object*"])
     warm.result.stdout.fnmatch_lines([f"*refused*{forged.name}*signature mismatch*"])
-    assert not (warm.root / "inductor" / "zz").exists()
+    # neither object's kernel file reached the disk (the folder itself may hold a real kernel: it is a hash prefix)
+    assert not [name for name in ("evil.so", "forged.so") if (warm.root / "inductor" / "zz" / name).exists()]
     assert not any("trusted as-is" in line for line in warm.result.outlines)
 
 
