@@ -51,8 +51,6 @@ from .backends import (
 )
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, watch_warnings
-from .guarding import guards_kept_whole
-from .installing import installed_where_wrapped
 from .ledger import cost_seconds, cost_spans, offered_seconds, spared_seconds
 from .merge import enterable_codes, merged_copies, packages_merged
 from .merge import unchanged_since_installed as unchanged
@@ -189,6 +187,9 @@ def install(rootdir: str, any_backend: bool = True) -> str | None:
 
 
 def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transformation: Any, pgo: Any) -> None:
+    from .guarding import guards_kept_whole  # here: a session that never installs reuse never imports them
+    from .installing import installed_where_wrapped
+
     replace = PATCHES.replace
     CompilePackage = package.CompilePackage
     cache = package.DynamoCache
