@@ -32,11 +32,6 @@ class Patch:
         """Whether the owner did not hold the attribute itself (it is deleted again on undo)."""
         return self.original is _MISSING
 
-    @property
-    def label(self) -> str:
-        owner = getattr(self.owner, "__qualname__", None) or getattr(self.owner, "__name__", type(self.owner).__name__)
-        return f"{getattr(self.owner, '__module__', '') or ''}.{owner}.{self.name}".lstrip(".")
-
     def undo(self) -> None:
         """What the owner held before, in place again (left alone where something else replaced it since)."""
         if _own(self.owner, self.name) is not self.replacement:

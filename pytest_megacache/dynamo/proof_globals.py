@@ -47,11 +47,18 @@ def prove_global(name: str, steps: list[Step], obj: Any, scope: dict[str, Any]) 
     proof: dict[str, Any] = {"path": steps, "is": what}
     head = steps[0][1]
     if PROCESS_NAMED.match(head):
-        held = describe(scope[head])
-        if held is None or held[0] not in _FINDABLE or find(held) is not scope[head]:
+        held = _findable(scope[head])
+        if held is None:
             raise Refused("unsupported_guard", f"{name} goes through a global of this process only")
         proof["bind"] = held
     return proof
+
+
+def _findable(value: Any) -> list[str] | None:
+    """What ``value`` is, where another process finds the very object again by it (a module, a class or a function,
+    among the modules imported): a global of this process to bind again there; else None."""
+    held = describe(value)
+    return held if held is not None and held[0] in _FINDABLE and find(held) is value else None
 
 
 def check_global(proof: dict[str, Any], steps: list[Step], scope: dict[str, Any],
@@ -97,9 +104,8 @@ def prove_installed(installed: Iterable[str], recreated: set[str], proofs: list[
     bound = {str(proof["path"][0][1]) for proof in proofs if "bind" in proof}
     out: list[dict[str, Any]] = []
     for name in sorted(set(installed) - recreated - bound):
-        value = scope.get(name)
-        held = describe(value) if name in scope else None
-        if held is None or held[0] not in _FINDABLE or find(held) is not value:
+        held = _findable(scope[name]) if name in scope else None
+        if held is None:
             raise Refused("unsupported_guard", f"the output code reads {name}, a global of this process only")
         out.append({"path": [("global", name)], "is": held, "bind": held})
     return out

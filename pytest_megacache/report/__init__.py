@@ -323,9 +323,9 @@ def _upload_lines(up: UploadStats, verbose: int, triton: TritonStats | None = No
 
 def terminal_lines(report: SessionReport, verbose: int = 0, durations: int = 0) -> list[str]:
     """The session's summary: by default what was restored and from where, the cache's hits and the frames reused, the
-    compiling and the seconds saved, what was uploaded, and each problem's count (at most 4 lines, and one per kind of
-    problem); with ``verbose`` (``pytest -v``) everything: the fingerprint, the load, each layer's and each process's
-    figures, the notes. ``durations``: the slowest uncached compiles, as asked."""
+    compiling and the seconds saved, what was uploaded (at most 4 lines), and a line counting the problems; with
+    ``verbose`` (``pytest -v``) everything: the fingerprint, the load, each layer's and each process's figures, the
+    notes. ``durations``: the slowest uncached compiles, as asked."""
     if report.enabled and verbose <= 0:
         return _short_lines(report, durations)
     return full_lines(report, verbose, durations)
@@ -365,7 +365,7 @@ def _short_lines(report: SessionReport, durations: int) -> list[str]:
         line = f"restored nothing from {store}"
     else:
         line = f"{restored[0]}, from {store}" + (f"; nothing stored for this fingerprint: {r.why_miss}" if r.why_miss else "")
-    torch_lines = _torch_lines(t, report.xdist)[:2] if t.compiled else [_torch_lines(t, report.xdist)[0]]
+    torch_lines = _torch_lines(t, report.xdist)[:2 if t.compiled else 1]  # the hits, the compiling and saved
     return [line, *torch_lines, *_slowest(t, durations), _upload_lines(up, 0, t.triton)[0], *_lost(report),
             *_problems(report)]
 

@@ -280,8 +280,9 @@ class ProcessTimes:
     tracing, guards, bytecode; backend: AOTAutograd and Inductor for forward graphs, cache lookups and kernel
     builds included; isa_check: torch's CPU vector-ISA load checks, which run inside the first CPU compile, taken
     out of backend (isaprobe; 0 with the reuse off); backward: lazily compiled backward graphs; compile_other:
-    the rest of the compile callbacks' time), reused (Dynamo reuse: stored Dynamo variants offered where
-    Dynamo was about to trace, taken or passed over, before torch's compile timings start), tests (the rest of
+    the rest of the compile callbacks' time), reused (Dynamo reuse's own time: stored Dynamo variants offered where
+    Dynamo was about to trace, taken or passed over, before torch's compile timings start, and stored entries loaded
+    and installed where ``torch.compile()`` wrapped a function, taken out of collect or tests), tests (the rest of
     running the tests) and finish (collecting and
     uploading, or handing over). Only the interpreter's exit (atexit, Inductor's compile pool) is left: whoever
     started the process measures it.
