@@ -1,9 +1,9 @@
 """The cache flow as plain Python: a session's restore, load, collect and upload.
 
 :class:`CacheSession` coordinates one session over one object per phase: the restore (:mod:`.restore`: its thread,
-deadline and staging), the upload (:mod:`.upload`) and its compaction (:mod:`.compaction`). The pytest plugin
-drives it from hooks; the CLI and benchmarks can drive it directly. Nothing here imports pytest or torch (torch is
-reached through :class:`TorchAdapter`).
+deadline and staging), the load into torch (:class:`Load`), the upload (:mod:`.upload`) and its compaction
+(:mod:`.compaction`). The pytest plugin drives it from hooks; the CLI and benchmarks can drive it directly. Nothing
+here imports pytest or torch (torch is reached through :class:`TorchAdapter`).
 """
 
 from __future__ import annotations
@@ -88,9 +88,8 @@ class CacheSession:
         self.scratch = Scratch()  # the objects fetched and the compiled files restored or collected
         self.restore = Restore(self)
         self.upload = Upload(self)
-        self.load_stats = LoadStats()
+        self.load = Load(self)
         self.torch_stats = TorchStats()
-        self._loaded = False
 
     # --- what the phases found --------------------------------------------------------------------
     @property
@@ -193,33 +192,13 @@ class CacheSession:
         self.restore.wait_diagnosis()
 
     # --- load -------------------------------------------------------------------------------------
+    @property
+    def load_stats(self) -> LoadStats:
+        return self.load.stats
+
     def load_into_torch(self, loader: Callable[[bytes], LoadResult] = MegaCache.load) -> None:
-        """Called on the first compile: wait for the restore, validate, hand torch its artifacts."""
-        if self._loaded:
-            return
-        self._loaded = True
-        if not self.reads:
-            return
-        waiting = time.perf_counter()
-        finished = self.wait_restore()
-        self.load_stats.waited = round(time.perf_counter() - waiting, 4)
-        if not finished:
-            return
-        try:
-            container = self.restored.torch_container()
-        except BundleError as exc:
-            self.problem(f"restored artifacts refused: {exc}")
-            return
-        dynamo = self.restored.of_kind_prefix(PRECOMPILE_KIND)
-        if container is None and not dynamo:
-            return
-        result, unplaced = hand_to_torch(loader, container, dynamo)
-        if unplaced:
-            self.problem(f"restored Dynamo entries not placed (their frames are traced): {'; '.join(unplaced[:3])}")
-        self.load_stats = LoadStats(True, result.ok, result.artifacts, result.seconds, result.error,
-                                    self.load_stats.waited)
-        if not result.ok:
-            self.problem(f"torch did not load the restored artifacts: {result.error}")
+        """Called on the first compile: wait for the restore, validate, hand torch its artifacts (:class:`Load`)."""
+        self.load.run(loader)
 
     # --- collect, merge, upload ------------------------------------------------------------------
     def account(self, adapter: TorchAdapter | None, workers: Sequence[Mapping[str, Any]] = ()) -> TorchStats:
@@ -306,7 +285,6 @@ class CacheSession:
         return self.upload.scrubbed(entries)
 
 
-
 def without_torch_twins(entries: Entries, restored: Entries) -> Entries:
     """``entries`` less the files of torch's on-disk caches whose artifact travels as a torch entry already (in
     ``entries`` or ``restored``): one graph, carried once."""
@@ -326,6 +304,43 @@ def other_process_layers(entries: Entries) -> dict[str, int]:
         layer = kind[len(bundlemod.TORCH_PREFIX):]
         out[layer] = out.get(layer, 0) + 1
     return out
+
+
+class Load:
+    """The load, once a session, on its first compile: the restore waited for, what it gave checked and handed to
+    torch (its artifacts to torch's loader, Dynamo's entries into torch's Dynamo cache), and what that took."""
+
+    def __init__(self, session: CacheSession) -> None:
+        self.session = session
+        self.stats = LoadStats()
+        self.done = False  # tried once, whatever came of it
+
+    def run(self, loader: Callable[[bytes], LoadResult]) -> None:
+        if self.done:
+            return
+        self.done = True
+        session = self.session
+        if not session.reads:
+            return
+        waiting = time.perf_counter()
+        finished = session.wait_restore()
+        self.stats.waited = round(time.perf_counter() - waiting, 4)
+        if not finished:
+            return
+        try:
+            container = session.restored.torch_container()
+        except BundleError as exc:
+            session.problem(f"restored artifacts refused: {exc}")
+            return
+        dynamo = session.restored.of_kind_prefix(PRECOMPILE_KIND)
+        if container is None and not dynamo:
+            return
+        result, unplaced = hand_to_torch(loader, container, dynamo)
+        if unplaced:
+            session.problem(f"restored Dynamo entries not placed (their frames are traced): {'; '.join(unplaced[:3])}")
+        self.stats = LoadStats(True, result.ok, result.artifacts, result.seconds, result.error, self.stats.waited)
+        if not result.ok:
+            session.problem(f"torch did not load the restored artifacts: {result.error}")
 
 
 def hand_to_torch(loader: Callable[[bytes], LoadResult], container: bytes | None,
