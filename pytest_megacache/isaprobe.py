@@ -47,6 +47,7 @@ from types import ModuleType
 from typing import Any
 
 from .fsutil import read_regular, write_atomic
+from .patches import PATCHES
 
 __all__ = ["CHILD_ENV", "MARKER_SUFFIX", "MODULE", "TORCH_RECORDS_NOTE", "TORCH_RECORD_SUFFIX", "ProbeProxy", "arm",
            "arm_child", "check_seconds", "counts", "decision_digest", "disarm", "install", "loader_identity",
@@ -343,15 +344,16 @@ def install(module: ModuleType, gate: Callable[[], bool] | None = None) -> str |
         return RUNS_EVERYWHERE + "this torch's vector-ISA check has another form"
     if not isinstance(current, ModuleType) or current.__name__ != "subprocess":
         return RUNS_EVERYWHERE + "this torch's vector-ISA check does not go through subprocess"
-    module.subprocess = ProbeProxy(current, template, gate)  # type: ignore[attr-defined]
+    PATCHES.replace(module, "subprocess", ProbeProxy(current, template, gate),
+                    "torch's vector-ISA load check is taken from a record of the same library's check where there is one")
     return None
 
 
 def uninstall(module: ModuleType | None = None) -> None:
+    """torch's own ``subprocess`` in ``module`` again (torch's ``cpu_vec_isa`` where None)."""
     module = module if module is not None else sys.modules.get(MODULE)
-    current = getattr(module, "subprocess", None)
-    if isinstance(current, ProbeProxy):
-        module.subprocess = current._real  # type: ignore[union-attr]
+    if module is not None:
+        PATCHES.remove(module, "subprocess")
 
 
 def arm(on_problem: Callable[[str], None]) -> Any:

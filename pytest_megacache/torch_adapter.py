@@ -22,6 +22,7 @@ from typing import Any
 from . import dynamo, torchfmt
 from .errors import BundleError, redact_cut
 from .importhook import PostImportHook as PostImportHook  # re-exported: the roles and report.triton import it here
+from .patches import PATCHES
 
 COUNTER_NAMES = {
     "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),
@@ -71,6 +72,10 @@ class _SurvivesReset(list[Any]):
         kept = [cb for cb in self if cb in self.keep]
         super().clear()
         self.extend(kept)
+
+    def hand_back(self, theirs: list[Any]) -> None:
+        """The callbacks registered meanwhile into torch's own list, before it is put back."""
+        theirs[:] = self
 
 
 @dataclass
@@ -140,7 +145,8 @@ class TorchAdapter:
                 # torch._dynamo.reset() clears the callback lists; a test that resets in its own body (or in a
                 # unittest setUp) would then compile without us: ours survive the clear, the user's do not.
                 callbacks = _SurvivesReset(callbacks)
-                setattr(handler, attr, callbacks)
+                PATCHES.replace(handler, attr, callbacks, "the plugin's compile callbacks survive torch._dynamo.reset()",
+                                callbacks.hand_back)
             callbacks.keep.add(ours)
             if ours not in callbacks:
                 callbacks.append(ours)
@@ -278,19 +284,20 @@ class TorchAdapter:
             import torch._inductor.config as inductor_config
         except Exception:  # noqa: BLE001
             return False
-        inductor_config.compile_threads = 1
+        PATCHES.replace(inductor_config, "compile_threads", 1,
+                        "one Inductor compile thread: the restored cache covers this selection, a pool would only start")
         return True
 
     @staticmethod
-    def _switch_on(module: str, flag: str) -> str | None:
-        """Set the torch config flag ``module.flag`` to True; None when done, else why not."""
+    def _switch_on(module: str, flag: str, why: str) -> str | None:
+        """Set the torch config flag ``module.flag`` to True, for the reason ``why``; None when done, else why not."""
         try:
             config = importlib.import_module(module)
         except Exception as exc:  # noqa: BLE001
             return f"{module} did not import: {exc}"
         if not hasattr(config, flag):
             return f"this torch has no {flag}"
-        setattr(config, flag, True)
+        PATCHES.replace(config, flag, True, why)
         return None
 
     @staticmethod
@@ -303,7 +310,8 @@ class TorchAdapter:
     def enable_eager_backward() -> str | None:
         """Compile AOTAutograd backwards with their forwards (the opt-in that makes forward-only graphs storable:
         torch saves an AOTAutograd entry only once its backward is compiled); None when done, else why not."""
-        return TorchAdapter._switch_on("torch._functorch.config", "force_non_lazy_backward_lowering")
+        return TorchAdapter._switch_on("torch._functorch.config", "force_non_lazy_backward_lowering",
+                                       "--megacache-eager-backward: backwards compiled with their forwards")
 
     @staticmethod
     def save() -> bytes | None:

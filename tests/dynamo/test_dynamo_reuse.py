@@ -1246,6 +1246,33 @@ for _ in range(2):  # and again after removal
     assert [(owner, name) for owner, name, original in first.values()
             if (vars(owner).get(name) is not original if original is not None else name in vars(owner))] == []
     assert [vars(owner)[name] for owner, name in ours] == before and not torch._dynamo.config.caching_precompile
+
+# The plugin's other patches (pytest_megacache.patches), put in place as a session does and removed: torch's own
+# callback lists (with a callback registered meanwhile), config values and vector-ISA subprocess again.
+import subprocess
+
+import torch._functorch.config
+import torch._inductor.config
+import torch._inductor.cpu_vec_isa
+
+from pytest_megacache import isaprobe, patches
+from pytest_megacache.torch_adapter import TorchAdapter
+
+handler, inductor, functorch = torch._dynamo.callback.callback_handler, torch._inductor.config, torch._functorch.config
+lists, threads = [handler.start_callbacks, handler.end_callbacks], inductor.compile_threads
+adapter = TorchAdapter(lambda: None)
+adapter.ensure_registered()
+assert TorchAdapter.single_compile_thread({}) and TorchAdapter.enable_eager_backward() is None
+assert isaprobe.install(torch._inductor.cpu_vec_isa) is None
+assert inductor.compile_threads == 1 and functorch.force_non_lazy_backward_lowering
+assert handler.start_callbacks is not lists[0] and handler.end_callbacks is not lists[1]
+assert torch._inductor.cpu_vec_isa.subprocess is not subprocess
+handler.start_callbacks.append(print)  # the user's, registered while ours are in place
+adapter.uninstall()
+assert patches.PATCHES.remove_all() == 5 and len(patches.PATCHES) == 0
+assert handler.start_callbacks is lists[0] and handler.end_callbacks is lists[1] and lists[0] == [print]
+assert inductor.compile_threads == threads and functorch.force_non_lazy_backward_lowering is False
+assert torch._inductor.cpu_vec_isa.subprocess is subprocess
 print("checked")
 """
 
@@ -1255,8 +1282,9 @@ def test_a_loaded_entrys_backends_are_recorded_only_where_it_is_written(tmp_path
     a suite that wraps a function anew in each test loads its entry each time. A loaded backend is not copied: where
     an entry calling it is made up for writing, the stored entry holding it is read again (once), and an entry as it
     was installed is not made up at all; a backend a compile records is recorded as torch records it. Then reuse
-    is installed and removed twice: each time every function of torch it replaced is torch's own again. (In a process
-    of its own: torch's state.)"""
+    is installed and removed twice: each time every function of torch it replaced is torch's own again; and the
+    plugin's other patches (compile callbacks, config flags, the vector-ISA check) too. (In a process of its own:
+    torch's state.)"""
     import os
     import subprocess
     import sys

@@ -18,6 +18,7 @@ from types import ModuleType
 import pytest
 
 from pytest_megacache.core import CacheSession
+from pytest_megacache.patches import PATCHES
 from pytest_megacache.report import SessionReport, markdown, terminal_lines
 from pytest_megacache.report.stats import PHASES, LoadStats, ProcessTimes, RestoreStats, TorchStats, UploadStats, process_age
 from pytest_megacache.stores import MemoryStore
@@ -210,8 +211,9 @@ def test_a_torch_config_flag_is_switched_on_or_the_reason_is_given(monkeypatch: 
     config = types.ModuleType("fake_torch_config")
     config.present = False  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fake_torch_config", config)
-    assert TorchAdapter._switch_on("fake_torch_config", "present") is None
+    assert TorchAdapter._switch_on("fake_torch_config", "present", "a test") is None
     assert config.present is True  # type: ignore[attr-defined]
-    assert TorchAdapter._switch_on("fake_torch_config", "absent") == "this torch has no absent"
-    why = TorchAdapter._switch_on("no_such_torch_config_module", "present")
+    assert PATCHES.remove(config, "present") and config.present is False  # type: ignore[attr-defined]
+    assert TorchAdapter._switch_on("fake_torch_config", "absent", "a test") == "this torch has no absent"
+    why = TorchAdapter._switch_on("no_such_torch_config_module", "present", "a test")
     assert why is not None and why.startswith("no_such_torch_config_module did not import")
