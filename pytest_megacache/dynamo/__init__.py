@@ -67,10 +67,11 @@ from .releases import CHECKED_RELEASES, MERGED_RELEASES, final_release, release_
 from .shapes import watch_shapes
 
 __all__ = ["CHECKED_RELEASES", "COUNTERS", "MERGED_RELEASES", "before_first_load", "cost_seconds", "cost_spans",
-           "final_release", "install", "merged_copies", "offered_seconds", "refusal_reasons", "release_checked",
+           "final_release", "install", "merged_copies", "offered_seconds", "refusal_reasons", "refused_frames", "release_checked",
            "set_test", "spared_seconds", "uninstall", "used_entries"]
 
 COUNTER_GROUP = "dynamo_reuse"
+MAX_FRAMES = 200  # frames named with their refusal in a report
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unsupported_backend", "unpicklable", "global_changed",
             "local_changed", "class_changed", "context_changed", "missing_module", "side_effect", "torch_error",
             "load_failed", "no_backend", "shapes_seen")
@@ -99,6 +100,8 @@ class _Reuse:
         # stored entry lacks (merge._new_only)
         self.recorded: dict[str, dict[int, Any]] = {}
         self.reasons: dict[str, str] = {}
+        self.frame: Any = None  # the code of the frame being offered stored variants or traced (None: none)
+        self.frames: dict[str, str] = {}  # per frame refused (frame_label), its reasons in the order first seen
         self.offers = Offers()
         # key -> the stored entry installed in this process; the stored variants whose proofs failed here (digests)
         self.loaded: dict[str, Any] = {}
@@ -128,10 +131,18 @@ class _Reuse:
     def refuse(self, reason: str, detail: str) -> None:
         """Count a refusal; keep its first detail, redacted before it is cut (a cut secret is not recognised)."""
         self.count(f"dynamo_refused_{reason}")
+        self.traced_for(reason)
         if reason not in self.reasons:
             from ..errors import redact_cut  # light: no torch
 
             self.reasons[reason] = redact_cut(detail, 200)
+
+    def traced_for(self, reason: str) -> None:
+        """Name the frame being offered stored variants or traced with ``reason``, once (refused frames)."""
+        if self.frame is not None and len(self.frames) < MAX_FRAMES:
+            label = frame_label(self.frame, self.rootdir)
+            if reason not in (seen := self.frames.get(label, "")).split(", "):
+                self.frames[label] = f"{seen}, {reason}" if seen else reason
 
     def refuse_error(self, exc: BaseException) -> None:
         self.refuse(reason_of(exc), f"{type(exc).__name__}: {exc}")
@@ -297,6 +308,27 @@ def used_entries() -> list[str]:
     counts as used (torch records no artifact for an install; recording the entry's bytes for it made torch serialize
     every installed entry again at the session's end, 158 MB on a suite of 240 tests)."""
     return list(_STATE.used) if _STATE is not None else []
+
+
+def refused_frames() -> dict[str, str]:
+    """Each frame of this process that a refusal left traced (:func:`frame_label`), with its reasons."""
+    return dict(_STATE.frames) if _STATE is not None else {}
+
+
+def frame_label(code: Any, rootdir: str) -> str:
+    """A frame's function and where it is defined, as a reader finds it: relative to the rootdir, or below the
+    installed packages' folder (no other part of a path is kept)."""
+    import os
+
+    path = str(getattr(code, "co_filename", "?"))
+    try:
+        rel = os.path.relpath(path, rootdir)
+    except ValueError:
+        rel = os.pardir
+    if rel.startswith(os.pardir):
+        _, found, below = path.replace(os.sep, "/").rpartition("-packages/")
+        rel = below if found else os.path.basename(path)
+    return f"{getattr(code, 'co_name', '?')} ({rel}:{getattr(code, 'co_firstlineno', 0)})"
 
 
 def refusal_reasons() -> dict[str, str]:

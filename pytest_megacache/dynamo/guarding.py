@@ -14,6 +14,7 @@ import time
 from typing import Any, NamedTuple
 
 from .backends import wrapped_after_backend
+from .context import innermost_backend
 from .effects import Trace, code_key, effects_of
 from .objects import Refused
 from .offers import NEW, UNSTABLE
@@ -106,10 +107,27 @@ def stored_with_proofs(state: Any, own: _Torch, manager: Any, builder: Any, sort
         raise own.package_error(f"{type(exc).__name__}: {exc}") from None
     state.count("dynamo_stored")
     seconds = time.perf_counter() - trace.started if trace is not None else None  # the guards are built last
-    packed = pack_guards(proofs, str(context), data, state.test, state.retraced != NEW, effects, seconds)
+    packed = pack_guards(proofs, str(context), data, state.test, state.retraced != NEW, effects, seconds,
+                         modules_needed(output_graph))
     if state.retraced == UNSTABLE:
         state.superseded.add(guards_digest(packed))
     return packed
+
+
+def backend_named(output_graph: Any) -> str:
+    """The module and qualname of the backend a frame was compiled with, below torch's wrappers ("" where none): a
+    function a test made, ``torch._dynamo.explain``'s recorder of graphs, say."""
+    backend = innermost_backend(getattr(output_graph, "compiler_fn", None))
+    name = getattr(backend, "__qualname__", None) or getattr(type(backend), "__qualname__", "")
+    return f"{getattr(backend, '__module__', '')}.{name}".strip(".") if backend is not None else ""
+
+
+def modules_needed(output_graph: Any) -> list[str]:
+    """The modules whose functions the frame's trace inlined (as torch records their sources with the entry) or
+    imported: a stored entry's variant needs them where it is taken (:func:`.installing.without_missing`)."""
+    traced = getattr(getattr(output_graph, "tracing_context", None), "traced_code", None) or []
+    names = {module.__name__ for code in traced if (module := inspect.getmodule(code)) is not None}
+    return sorted(names | {str(name) for name in getattr(output_graph, "import_sources", {}).values()})
 
 
 def _storable(state: Any, own: _Torch, context: str | None, trace: Trace | None, output_graph: Any) -> dict[str, Any]:
@@ -120,6 +138,8 @@ def _storable(state: Any, own: _Torch, context: str | None, trace: Trace | None,
         # told apart from it; graphs torch dispatches between, but installs one of (backends)
         why = ("shape specializations" if context else "a backend that cannot be named in another process"
                if state.any_backend else "a backend that is not torch's own, or cannot be named in another process")
+        if context is None and (named := backend_named(output_graph)):
+            why += f" ({named})"
         state.refuse("unsupported_backend", why)
         raise own.package_error(why)
     # a warning shown that cannot be shown again (its class defined in a function, say) leaves the frame traced in

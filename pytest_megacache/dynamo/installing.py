@@ -1,12 +1,14 @@
 """Stored entries loaded and installed where ``torch.compile()`` wraps a function, failing open per frame
 (:func:`installed_where_wrapped`): an entry is taken only for the code it was traced from; one whose inlined sources
-changed, or that fails to install, leaves nothing behind and its frames are traced as without reuse; one whose
-modules are not there yet (a module a library generates when first used) is installed where a frame of its code is
-about to be traced, once they are. Reuse's own time here is counted (:mod:`.ledger`).
+changed, or that fails to install, leaves nothing behind and its frames are traced as without reuse; its variants
+that need a module not there yet (a module a library generates when first used) are held back and installed where a
+frame of its code is about to be traced, once it is (:func:`without_missing`), the others installed at once. Reuse's
+own time here is counted (:mod:`.ledger`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from typing import Any, NamedTuple
@@ -17,8 +19,9 @@ from .ledger import LEDGER
 from .merge import entry_signature, loaded_if_same_code
 from .objects import importable, missing_module
 from .patches import PATCHES
+from .proofs import unpack_guards
 
-__all__ = ["install_entry", "installed_where_wrapped"]
+__all__ = ["install_entry", "installed_where_wrapped", "without_missing"]
 
 
 class _Own(NamedTuple):
@@ -51,9 +54,12 @@ def installed_where_wrapped(state: Any, torch: Any, package: Any, bytecode_trans
             own.initialize(self, fn, None, ignore_inlined_sources)
             return
         try:
+            held, missing = without_missing(dynamo)
             with LEDGER.spending():  # torch checks the inlined sources of the stored entry here
-                own.initialize(self, fn, dynamo, ignore_inlined_sources)
-            self._megacache_loaded = dynamo
+                own.initialize(self, fn, held, ignore_inlined_sources)
+            self._megacache_loaded = dynamo  # all of it: what this process writes holds every stored variant
+            if missing is not None:  # the rest installed where its frame runs, once the module is there
+                self._megacache_held = (fn, dynamo, missing)
         except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
             if (missing := missing_module(exc)) is not None:
                 self._megacache_deferred = (fn, dynamo, missing)  # installed where its frame runs, if it appears
@@ -81,7 +87,8 @@ def installed_where_wrapped(state: Any, torch: Any, package: Any, bytecode_trans
             return
         _, fn, dynamo, backends, missing = deferred
         if not importable(missing):
-            state.refuse("missing_module", f"{missing} is not there")  # once per frame traced
+            if not state.offers.of(code):  # else the variants that need no module are offered (without_missing)
+                state.refuse("missing_module", f"{missing} is not there")  # once per frame traced
             return
         del state.deferred[id(code)]
         # may defer it again (another module missing) or refuse it, as when wrapped; its offers hold the package
@@ -94,6 +101,7 @@ def install_entry(state: Any, own: _Own, pkg: Any, backends: Any) -> None:
     """torch's install of the package ``pkg`` (initialized from a stored entry, or fresh), counted; any failure leaves
     nothing of the entry and ``pkg`` fresh, and an entry whose modules are missing waits for them (:func:`defer`)."""
     loaded = pkg.__dict__.pop("_megacache_loaded", None)
+    held = pkg.__dict__.pop("_megacache_held", None)
     if pkg.__dict__.pop("_megacache_fresh", False):
         if (deferred := pkg.__dict__.pop("_megacache_deferred", None)) is not None:
             fn, dynamo, missing = deferred
@@ -124,6 +132,9 @@ def install_entry(state: Any, own: _Own, pkg: Any, backends: Any) -> None:
         own.eval_frame.skip_code = skip_code
         state.installing = None
     state.count("dynamo_reused")
+    if held is not None:
+        held_fn, held_entry, missing = held
+        defer(state, pkg, held_fn, held_entry, missing, backends)  # the variants held back (without_missing)
     if loaded is not None:
         state.loaded[pkg.source_id] = loaded  # what the store held: merged into what this process stores
         if pkg.source_id not in state.loaded_as:  # once per key (every wrapper of the function installs it)
@@ -143,6 +154,37 @@ def defer(state: Any, package: Any, fn: Any, dynamo: Any, missing: str, backends
     state.deferred[id(code)] = (code, fn, dynamo, backends, missing)
     for entry in getattr(dynamo, "codes", ()):
         state.waiting[(str(entry.python_module), int(entry.python_code.co_firstlineno), entry.python_code.co_name)] = missing
+
+
+def without_missing(entry: Any) -> tuple[Any, str | None]:
+    """``entry`` less what needs a module that is not there (yet: a module a library generates from a template where
+    a layer is first made): the variants whose traces inlined or imported one (and those that did not record what they
+    need), that module's recorded sources and imports; and one module missing (None: ``entry`` itself, where every
+    module it names is there). The other variants are taken as they are (torch checks their sources); those held back
+    where a frame of the function is about to be traced once the module is there (:func:`defer`), or where a later
+    wrapper of the function loads the entry."""
+    info: Any = getattr(entry, "source_info", None)
+    sources = getattr(info, "inlined_sources", None)
+    if not isinstance(sources, set):
+        return entry, None
+    named = {str(source.module) for source in sources}
+    named.update(str(module) for code in entry.codes for module in getattr(code, "import_sources", {}).values())
+    missing = {name for name in named if not importable(name)}
+    if not missing:
+        return entry, None
+
+    def needs_none(variant: Any) -> bool:
+        try:
+            needs = unpack_guards(variant.guards_state).modules
+        except Exception:  # noqa: BLE001 - an unreadable variant is refused where it is offered, as before
+            return True
+        return needs is not None and not needs & missing
+
+    codes = [dataclasses.replace(code, guarded_codes=[v for v in code.guarded_codes if needs_none(v)],
+                                 import_sources={alias: name for alias, name in code.import_sources.items()
+                                                 if name not in missing}) for code in entry.codes]
+    kept = {source for source in sources if source.module not in missing}
+    return dataclasses.replace(entry, codes=codes, source_info=dataclasses.replace(info, inlined_sources=kept)), min(missing)
 
 
 def _no_skip(*_args: Any, **_kwargs: Any) -> None:

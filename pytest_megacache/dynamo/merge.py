@@ -86,7 +86,10 @@ def _merged(entries: list[Any]) -> Any:
     """One dynamo cache entry holding every variant of several packages of one function: the function's own code
     and each other code (a resume function, a function called after a graph break) with every package's guarded
     variants (once each: each wrapper's package holds the variants it loaded, and a variant is its guards), global
-    names, imports and backends (bypassed if any package bypassed it). Codes are one where their code objects are
+    names, imports and backends. A code is bypassed only where every package bypassed it: torch bypasses a package's
+    code where one of its frames could not be stored (``torch._dynamo.explain``'s frames, whose backend is the test's
+    own, say), and installs no variant of a bypassed code; each variant another package stored is proven on its own
+    where it is offered. Codes are one where their code objects are
     equal, as torch keys a package's codes when it installs them (one entry per code object there: of two entries for
     one resume function, the names and variants of one would be lost, and a variant of the other calling its resume
     function by a name never installed would fail)."""
@@ -127,14 +130,17 @@ def _pruned(entry: Any) -> Any:
     left out, or two packages' copies of one variant, left its graph behind, and the entry grew by it at every run.
     A variant calls a compiled graph by its global name, so every name its bytecode (or a code object among its
     constants) loads is kept; where a variant's code cannot be read so, nothing is cut. So are the resume functions
-    no variant it keeps calls (:func:`_reached`)."""
+    no variant it keeps calls (:func:`_reached`), and each kept resume function's names that no variant calls (a
+    frame traced again in every run names its resume function anew: the entry grew by a name at every run)."""
     for code in entry.codes:
         for variant in code.guarded_codes:
             if not isinstance(getattr(variant.dynamo_code, "co_names", None), (tuple, list)):
                 return entry  # another layout: what its code calls is not known, so nothing is cut
     kept = _reached(entry.codes)
     used = {name for code in kept for variant in code.guarded_codes for name in _names_of(variant.dynamo_code)}
-    codes = [dataclasses.replace(code, backend_ids=[b for b in code.backend_ids if b in used]) for code in kept]
+    codes = [dataclasses.replace(code, backend_ids=[b for b in code.backend_ids if b in used],
+                                 function_names=[n for n in code.function_names if n in used] if _resumes(code)
+                                 else code.function_names) for code in kept]
     return dataclasses.replace(entry, codes=codes)
 
 
@@ -179,7 +185,7 @@ def _merged_code(ours: Any, theirs: Any) -> Any:
     names = [*ours.function_names, *(f for f in theirs.function_names if f not in ours.function_names)]
     return dataclasses.replace(ours, guarded_codes=guarded, backend_ids=backends, function_names=names,
                                import_sources={**ours.import_sources, **theirs.import_sources},
-                               bypassed=ours.bypassed or theirs.bypassed)
+                               bypassed=ours.bypassed and theirs.bypassed)
 
 
 def unchanged_since_installed(state: Any, entry: Any) -> bool:

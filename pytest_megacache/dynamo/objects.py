@@ -216,7 +216,9 @@ def describe(obj: Any, depth: int = 0) -> list[str] | None:
         owner = getattr(obj, "__self__", None)
         if isinstance(owner, types.ModuleType):
             module = module or owner.__name__
-        elif owner is not None and not isinstance(owner, type):
+        elif isinstance(owner, type):  # a class's builtin method (tuple.__new__): its class's module
+            module = module or owner.__module__
+        elif owner is not None:
             return None  # a method bound to an instance: that instance has no stable name
         if not module or not qualname:
             return None
@@ -233,12 +235,39 @@ def describe_member(owner: Any, name: str, obj: Any) -> list[str] | None:
     return ["member", owner.__name__, name, str(type(obj).__qualname__), str(getattr(obj, "__name__", "")), doc]
 
 
+_NAMED_TUPLE_SCOPE = "namedtuple_"  # the __name__ of the scope collections.namedtuple makes a class's __new__ in
+
+
+def describe_named_tuple_scope(value: Any) -> list[str] | None:
+    """The scope ``collections.namedtuple`` evaluated a class's ``__new__`` in (a dict of its own per class, which
+    Dynamo installs as a global where it inlines the ``__new__``), as ``["scope", <the class>]``, where the class is
+    found by name among the modules imported; else None."""
+    name = value.get("__name__") if isinstance(value, dict) else None
+    if not isinstance(name, str) or not name.startswith(_NAMED_TUPLE_SCOPE):
+        return None
+    typename = name[len(_NAMED_TUPLE_SCOPE):]
+    for module in list(sys.modules.values()):
+        cls = getattr(module, "__dict__", {}).get(typename)
+        if isinstance(cls, type) and _scope_of(cls) is value and (what := describe(cls)) is not None:
+            return ["scope", *what]
+    return None
+
+
+def _scope_of(cls: type) -> Any:
+    new = vars(cls).get("__new__")
+    scope = getattr(new.__func__ if isinstance(new, staticmethod) else new, "__globals__", None)
+    return scope if isinstance(scope, dict) and str(scope.get("__name__", "")).startswith(_NAMED_TUPLE_SCOPE) else None
+
+
 def find(what: list[str]) -> Any:
     """The object a description names now, among the modules already imported (importing runs code: never done
     here); None when it is not found or not the same."""
     kind = what[0] if what else ""
     if kind == "module":
         return sys.modules.get(what[1])
+    if kind == "scope":
+        cls = find(what[1:])
+        return _scope_of(cls) if isinstance(cls, type) else None
     if kind not in ("function", "class") or len(what) < 3 or "<locals>" in what[2]:
         return None
     obj: Any = sys.modules.get(what[1])

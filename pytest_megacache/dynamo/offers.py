@@ -244,12 +244,13 @@ def _traced(state: Any, own: _Torch, compile_fn: Any, signature: inspect.Signatu
             kwargs: dict[str, Any]) -> Any:
     """torch's ``_compile(*args, **kwargs)``, unless a stored variant is taken; the compile context and what the trace
     does that a test can see are noted for the variant stored from it."""
-    context, outer = None, state.retraced  # outer: an enclosing compile's, put back when this one ends
+    context, outer, outer_frame = None, state.retraced, state.frame  # an enclosing compile's, put back at the end
     state.retraced = NEW  # set by _reused() for the frame traced next
     key = None
     try:
         with LEDGER.offering():
             bound = signature.bind(*args, **kwargs).arguments
+            state.frame = bound["code"]
             key = str(bound["compile_id"])
             context = compile_context(bound["compiler_fn"], bound["one_graph"], bound["export"], state.any_backend)
             result = _reused(state, own, bound, context)
@@ -257,7 +258,7 @@ def _traced(state: Any, own: _Torch, compile_fn: Any, signature: inspect.Signatu
         state.refuse("torch_error", f"stored variants not offered: {type(exc).__name__}: {exc}")
         result = None
     if result is not None:
-        state.retraced = outer
+        state.retraced, state.frame = outer, outer_frame
         return result
     state.contexts.append(context)
     if key is not None and (trace := _trace(own.counters, bound["code"])) is not None:
@@ -276,7 +277,7 @@ def _traced(state: Any, own: _Torch, compile_fn: Any, signature: inspect.Signatu
         state.contexts.pop()
         if key is not None:
             state.traces.pop(key, None)
-        state.retraced = outer
+        state.retraced, state.frame = outer, outer_frame
 
 
 def _build(state: Any, own: _Torch, offer: Offer) -> Any:
@@ -310,8 +311,10 @@ def _reused(state: Any, own: _Torch, args: dict[str, Any], context: str | None) 
     offers = state.offers.of(args["code"])
     if not offers or args.get("export") or own.wrap is None or own.guarded_code is None:
         state.retraced = UNSTABLE if waiting else NEW
+        state.traced_for("none stored")
         return None
     if own.exceeds is not None and own.exceeds(args["cache_size"], args["compile_id"])[0]:
+        state.traced_for("cache size limit")
         return None  # torch says so, as without the option
     passed_over: list[Offer] = []
     code, closure = args["code"], args.get("closure")
@@ -321,6 +324,8 @@ def _reused(state: Any, own: _Torch, args: dict[str, Any], context: str | None) 
     if found is None:
         if refusal is not None:
             state.refuse(*refusal)  # once per frame traced in place of a stored variant
+        else:
+            state.traced_for("no stored variant's guards held")
         state.retraced = UNSTABLE if waiting else superseded(passed_over, state.test)
         return None
     return _taken(state, own, *found, args)

@@ -15,7 +15,8 @@ Step = tuple[str, str]
 
 _ROOT = re.compile(r"(?P<scope>[GL])\[(?P<q>['\"])(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P=q)\]")
 _ATTR = re.compile(r"\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)")
-_KEY = re.compile(r"\[(?P<q>['\"])(?P<key>[A-Za-z0-9_][A-Za-z0-9_.]*)(?P=q)\]")
+# a key as torch writes it (repr): any text without quotes or escapes (a module dict's "<a___to___b>", say)
+_KEY = re.compile(r"\[(?P<q>['\"])(?P<key>[^'\"\\\n]+)(?P=q)\]")
 _IMPORT = re.compile(r"__import__\((?P<q>['\"])(?P<name>[A-Za-z_][A-Za-z0-9_.]*)(?P=q)\)")
 _INDEX = re.compile(r"\[(?P<index>\d{1,4})\]")
 _CALLS = ("type", "dict", "list(dict.keys")

@@ -9,6 +9,8 @@ The guard kinds they stand for: ``ID_MATCH``, ``FUNCTION_MATCH``, ``CLOSURE_MATC
 - A global whose name Dynamo made from an object's address in the tracing process (``_<id>_c<n>``: the ``torch``
   module for ``type(x)`` on a tensor, say) is not in a later process's globals. What it held is stored, found again
   by name at load (a module, a class or a function, among the modules already imported) and bound before the check.
+- A named tuple's ``__new__`` reads its class's own scope (``___unnamed_scope_<id>_c<n>``): bound again as the scope
+  of the class found by module and qualname, whose definition the class's digest fixes.
 - So is every global the trace installed that its output code may read and that torch's install does not make again
   (:func:`prove_installed`: a tensor subclass's class, ``__subclass_<name>_<id>_c<n>``, which the output code uses to
   wrap what it returns); a frame whose trace installed one that cannot be found by name (a function made during the
@@ -23,12 +25,12 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .objects import Refused, describe, describe_member, find
+from .objects import Refused, describe, describe_member, describe_named_tuple_scope, find
 from .paths import Step, path_text, resolve, resolve_parent
 
 # install_global_by_id's names: f"{prefix}_{id(value)}_c{compile_id}"
 PROCESS_NAMED = re.compile(r"^[A-Za-z0-9_]*_\d{5,}_c\d+$")
-_FINDABLE = ("module", "class", "function")
+_FINDABLE = ("module", "class", "function", "scope")
 
 
 def describe_at(steps: list[Step], obj: Any, scope: dict[str, Any]) -> list[str] | None:
@@ -56,8 +58,9 @@ def prove_global(name: str, steps: list[Step], obj: Any, scope: dict[str, Any]) 
 
 def _findable(value: Any) -> list[str] | None:
     """What ``value`` is, where another process finds the very object again by it (a module, a class or a function,
-    among the modules imported): a global of this process to bind again there; else None."""
-    held = describe(value)
+    among the modules imported, or the scope a named tuple's ``__new__`` was made in): a global of this process to
+    bind again there; else None."""
+    held = describe(value) if not isinstance(value, dict) else describe_named_tuple_scope(value)
     return held if held is not None and held[0] in _FINDABLE and find(held) is value else None
 
 

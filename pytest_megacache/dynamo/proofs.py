@@ -123,19 +123,24 @@ class Stored(NamedTuple):
     origin: tuple[str, bool]  # the tag of the test it was traced in, and whether it replaced one passed over there
     effects: Effects
     seconds: float  # what its trace and compile took where it was traced
+    # the modules whose functions its trace inlined or imported (None: not recorded, so any of the entry's)
+    modules: frozenset[str] | None = None
 
 
 def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes, test: str = "",
-                retraced: bool = False, effects: dict[str, Any] | None = None, seconds: float | None = None) -> bytes:
+                retraced: bool = False, effects: dict[str, Any] | None = None, seconds: float | None = None,
+                modules: list[str] | None = None) -> bytes:
     """torch's guard state with the proofs of its identity guards, the digest of the context it was compiled in
     (:func:`pytest_megacache.dynamo.context.compile_context`), the tag of the test it was traced in
     (:func:`tag_of_test`; empty outside a test), whether it was traced in place of a stored variant of that test that
     was passed over (``retraced``: :func:`pytest_megacache.dynamo.offers.superseded`), what its trace did that a
-    test can see (``effects``: :func:`pytest_megacache.dynamo.effects.effects_of`) and the seconds its trace and
-    compile took (``seconds``: what a later run that takes it is spared; not part of the variant's identity,
-    :func:`guards_digest`)."""
+    test can see (``effects``: :func:`pytest_megacache.dynamo.effects.effects_of`), the modules whose functions it
+    inlined or imported (``modules``: a stored entry's variants are taken without those that need a module not there
+    yet) and the seconds its trace and compile took (``seconds``: what a later run that takes it is spared; not part
+    of the variant's identity, :func:`guards_digest`)."""
     fields: dict[str, Any] = {"proofs": proofs, "context": context, **({"test": test} if test else {}),
-                              **({"retraced": True} if retraced else {}), **({"effects": effects} if effects else {})}
+                              **({"retraced": True} if retraced else {}), **({"effects": effects} if effects else {}),
+                              **({"modules": sorted(modules)} if modules is not None else {})}
     if seconds is not None and math.isfinite(seconds) and seconds >= 0:
         fields["seconds"] = round(min(seconds, MAX_SECONDS), 3)  # last: guards_digest leaves it out
     header = json.dumps(fields, separators=(",", ":")).encode()
@@ -186,8 +191,8 @@ def reason_of(exc: BaseException) -> str:
 def unpack_guards(data: bytes) -> Stored:
     """The proofs, the compile context, torch's guard state, where the variant was traced (the tag of its test, ""
     where none was recorded, and whether it was traced in place of a variant of that test passed over there), what
-    its trace did that a test can see and the seconds it took (0 where none were recorded); raises :class:`Refused`
-    for guards stored without proofs, or a malformed record."""
+    its trace did that a test can see, the seconds it took (0 where none were recorded) and the modules it needs
+    (None where not recorded); raises :class:`Refused` for guards stored without proofs, or a malformed record."""
     if not isinstance(data, (bytes, bytearray)) or not bytes(data[:len(_MAGIC)]) == _MAGIC:
         raise Refused("unsupported_guard", "guards stored without the plugin's proofs")
     start = len(_MAGIC) + 8
@@ -202,5 +207,7 @@ def unpack_guards(data: bytes) -> Stored:
     origin = (test if isinstance(test, str) else "", header.get("retraced") is True)
     seconds = header.get("seconds")
     ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds <= MAX_SECONDS
+    modules = header.get("modules")
+    needs = frozenset(modules) if isinstance(modules, list) and all(isinstance(m, str) for m in modules) else None
     return Stored(proofs, context, bytes(data[start + size:]), origin, read_effects(header.get("effects")),
-                  float(seconds) if ok else 0.0)
+                  float(seconds) if ok else 0.0, needs)

@@ -252,10 +252,11 @@ def _without_backendless(cache_entry: Any, backends: Any, dropped: Callable[[int
         if missing and not code.bypassed:
             kept = [variant for variant in code.guarded_codes if not _names(variant.dynamo_code) & missing]
             dropped(len(code.guarded_codes) - len(kept))
-            if kept:
-                code = dataclasses.replace(code, guarded_codes=kept,
-                                           backend_ids=[b for b in code.backend_ids if b not in missing])
-                changed = True
+            # a code left with none is bypassed as torch would, without the variants (their guards name addresses
+            # of this process: written, the entry would be new in every run)
+            code = dataclasses.replace(code, guarded_codes=kept, bypassed=not kept,
+                                       backend_ids=[b for b in code.backend_ids if b not in missing])
+            changed = True
         codes.append(code)
     return dataclasses.replace(cache_entry, codes=codes) if changed else cache_entry
 

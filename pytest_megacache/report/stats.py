@@ -179,6 +179,8 @@ class TorchStats:
     triton: TritonStats | None = None  # Triton's kernels loaded from its cache vs compiled; None: none of either
     # Dynamo reuse: the first detail seen per refusal reason (dynamo), e.g. which guard was unprovable
     dynamo_refusals: dict[str, str] = field(default_factory=dict)
+    # Dynamo reuse: each frame a refusal left traced (its function and file:line), with its first reason
+    dynamo_refused_frames: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_adapter(cls, adapter: TorchAdapter) -> TorchStats:
@@ -192,7 +194,7 @@ class TorchStats:
 
         return cls(adapter.compiled_anything(), adapter.compiles, adapter.compile_seconds, adapter.counters(), per_test,
                    isa_checks={k: v for k, v in isaprobe.counts().items() if v},
-                   dynamo_refusals=dynamo.refusal_reasons(),
+                   dynamo_refusals=dynamo.refusal_reasons(), dynamo_refused_frames=dynamo.refused_frames(),
                    dynamo_spared=round(max(0.0, dynamo.spared_seconds() - adapter.spared_before), 3),
                    dynamo_cost=round(max(0.0, dynamo.cost_seconds() - adapter.cost_before), 3))
 
@@ -206,6 +208,8 @@ class TorchStats:
                 self.counters[name] = self.counters.get(name, 0) + n - before.get(name, 0)
         for reason, detail in dynamo.refusal_reasons().items():
             self.dynamo_refusals.setdefault(reason, detail)
+        for frame, reason in dynamo.refused_frames().items():
+            self.dynamo_refused_frames.setdefault(frame, reason)
 
     def count_use(self, cold: Mapping[tuple[str, str], float], restored: set[tuple[str, str]],
                   ident: Callable[[str], tuple[str, str]], installed: Iterable[tuple[str, str]],
@@ -248,6 +252,8 @@ class TorchStats:
             self.isa_checks[str(name)] = self.isa_checks.get(str(name), 0) + int(n)
         for reason, detail in dict(other.get("dynamo_refusals", {})).items():
             self.dynamo_refusals.setdefault(str(reason), str(detail))
+        for frame, reason in dict(other.get("dynamo_refused_frames", {})).items():
+            self.dynamo_refused_frames.setdefault(str(frame), str(reason))
         if isinstance(other.get("triton"), dict):
             theirs = TritonStats.from_dict(other["triton"])
             if self.triton is None:

@@ -43,6 +43,7 @@ def f(x):
 # The module the tests compile from, as a template: @NAME@ markers differ between the cold and the warm session.
 EDITS = """
 import functools
+import typing
 import warnings
 
 import torch
@@ -108,6 +109,20 @@ def stage(x, k):  # what follows the graph break reads k: its resume function's 
 def returns_inner(x):  # Dynamo's output code makes `inner` again, from this module's globals (a constant there)
     inner = make_closure(2.0)
     return inner(x), inner
+
+
+class Pair(typing.NamedTuple):  # its __new__ reads a scope of its own, which Dynamo installs as a global
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+def makes_pair(x):
+    pair = Pair(x + 1, x * 2)
+    return pair.first * pair.second
+
+
+def explained_then_compiled(x):  # traced by explain's own backend (never stored), then compiled
+    return torch.tanh(x) * 2 + x
 
 
 def with_default(x, k=@DEFAULT@):
@@ -575,6 +590,16 @@ def test_a_resume_function_compiled_again_under_another_wrapper():
     same(torch.compile(edits.stage), edits.stage, X, 3)
 
 
+def test_a_named_tuple_made_in_the_frame():
+    same(torch.compile(edits.makes_pair), edits.makes_pair, X)
+
+
+def test_explained_then_compiled():
+    explanation = torch._dynamo.explain(edits.explained_then_compiled)(X)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    same(torch.compile(edits.explained_then_compiled), edits.explained_then_compiled, X)
+
+
 def test_a_function_made_in_the_frame():
     y, inner = torch.compile(edits.returns_inner)(X)
     eager_y, eager_inner = edits.returns_inner(X)
@@ -916,7 +941,7 @@ class TestDynamoReuse:
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
             failed = [line for line in run.result.outlines if line.startswith(("FAILED", "ERROR"))]
-            assert ran == (52 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
+            assert ran == (54 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -938,7 +963,7 @@ class TestDynamoReuse:
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
                      "test_function_passed_as_argument", "test_decorator_instance_unchanged",
                      "test_type_of_a_tensor_unchanged", "test_inlined_default_argument_unchanged",
-                     "test_a_function_made_in_the_frame", "test_eager_backend", "test_module_global_unchanged",
+                     "test_a_function_made_in_the_frame", "test_a_named_tuple_made_in_the_frame", "test_eager_backend", "test_module_global_unchanged",
                      "test_closure_variable_unchanged", "test_default_argument_unchanged", "test_module_method_unchanged",
                      "test_a_configuration_patched_the_same_around_the_call", "test_a_warning_shown_while_traced",
                      "test_torch_counters_after_a_first_compiled_call",
@@ -1090,21 +1115,32 @@ class TestDynamoReuse:
         test = "test_global_function_rebound_after_a_call"
         assert (_compiles(cold, test), _compiles(warm, test)) == (2, 0)
 
+    def test_a_frame_traced_by_explain_leaves_the_compiled_frame_of_the_same_code_reused(
+            self, reuse_chain: ReuseChain) -> None:
+        """``torch._dynamo.explain`` traces the frame with a backend of its own that records what it is given: that
+        frame is traced in every run (its code bypassed in explain's package); the same code compiled after it in
+        the test is taken from the store, the explanation the same."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        test = "test_explained_then_compiled"
+        assert (_compiles(cold, test), _compiles(warm, test)) == (2, 1)
+        assert any(frame.startswith("explained_then_compiled ") and "unsupported_backend" in why
+                   for frame, why in (warm.report or {})["torch"]["dynamo_refused_frames"].items())
+
     def test_a_module_generated_at_run_time_is_installed_once_it_exists(self, reuse_chain: ReuseChain) -> None:
-        """The functions are wrapped at import, before the module they call into is generated: their entries are
-        installed where they are about to be traced once the module is there. One module is generated as it was cold
-        (its function reused), one from another template (torch's source check refuses it: traced), and one function
-        runs before its module exists too (that frame traced, the one after the module appeared reused)."""
+        """The functions are wrapped at import, before the module they call into is generated: the variants that
+        need it are installed where they are about to be traced once the module is there, the others at once. One
+        module is generated as it was cold (its function reused), one from another template (torch's source check
+        refuses it: traced), and one function runs before its module exists too (the variant that needs no module
+        taken at once, the one after the module appeared taken then)."""
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
         assert _compiles(cold, "test_generated_module_unchanged") > 0
         assert _compiles(warm, "test_generated_module_unchanged") == 0
         assert _compiles(warm, "test_generated_module") > 0
-        # called before its module exists (traced: refused as a missing module), then after (the entry installed)
+        # called before its module exists (the variant that needs none taken), then after (the held-back one taken)
         test = "test_generated_module_called_before_it_exists"
-        assert (_compiles(cold, test), _compiles(warm, test)) == (2, 1)
-        assert _counters(warm)["dynamo_refused_missing_module"] >= 1
-        # what that frame traced while its entry waited for the module is what the entry holds (but for addresses in
-        # torch's guard state): not written, or the entry would be merged and stored again at every warm run
+        assert (_compiles(cold, test), _compiles(warm, test)) == (2, 0)
+        assert _counters(warm)["dynamo_refused_missing_module"] == 0
+        # nothing new traced: the entry is not written again
         name = b"compiled_before_and_after"
         stored = _copies(reuse_chain.after_cold, name)
         assert len(stored) == 1 and _copies(reuse_chain.stored_precompile(), name) == stored

@@ -14,7 +14,7 @@ import pickle
 import subprocess
 import sys
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -128,6 +128,10 @@ def test_an_entry_id_is_the_function_behind_a_bound_method() -> None:
     ("G['torch'].nn.functional.relu", [("global", "torch"), ("attr", "nn"), ("attr", "functional"),
                                        ("attr", "relu")]),
     ("G['__builtins_dict___3']['len']", [("global", "__builtins_dict___3"), ("key", "len")]),
+    # a module dict's key as torch writes it
+    ("type(L['self']._modules['<a___to___b>']).__mro__[2].__call__",
+     [("local", "self"), ("attr", "_modules"), ("key", "<a___to___b>"), ("type", ""), ("attr", "__mro__"),
+      ("index", "2"), ("attr", "__call__")]),
 ])
 def test_paths_from_the_globals_parse(name: str, steps: list[tuple[str, str]]) -> None:
     assert dp.parse_path(name) == steps
@@ -135,7 +139,7 @@ def test_paths_from_the_globals_parse(name: str, steps: list[tuple[str, str]]) -
 
 
 @pytest.mark.parametrize("name", ["___odict_getitem(G['d'], 'k')", "G['x'].y + 1", "len(L['x'])", "type(L['x']",
-                                  "S['x']", "G['x'][-1]",
+                                  "S['x']", "G['x'][-1]", "G['x']['a\\'b']",
                                   "G['a'][list(dict.keys(G['b']))[0]]"])
 def test_other_sources_do_not_parse(name: str) -> None:
     assert dp.parse_path(name) is None
@@ -184,7 +188,11 @@ def test_describe_names_what_another_process_can_find_again() -> None:
 def test_guards_travel_with_their_proofs_and_without_them_are_refused() -> None:
     proofs = [{"path": [["global", "math"]], "is": ["module", "math"]}]
     packed = dp.pack_guards(proofs, "a context", b"torch's pickle")
-    assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle", ("", False), dynamo_effects.Effects(), 0.0)
+    assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle", ("", False), dynamo_effects.Effects(), 0.0,
+                                        None)
+    # the modules a variant needs (those whose functions its trace inlined or imported) travel with it
+    needs = dp.pack_guards(proofs, "a context", b"torch's pickle", modules=["pkg.generated", "math"])
+    assert dp.unpack_guards(needs).modules == frozenset({"pkg.generated", "math"})
     tag = dp.tag_of_test("tests/t.py::test_a[secret]")
     tagged = dp.pack_guards(proofs, "a context", b"torch's pickle", tag, retraced=True)
     assert dp.unpack_guards(tagged)[3] == (tag, True) and tag != dp.tag_of_test("tests/t.py::test_b")
@@ -446,8 +454,8 @@ class _Entry:
 def test_merged_packages_keep_each_variant_and_resume_function_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each wrapper's package holds the variants it loaded as well as its own: merged, each variant is there once,
     the codes of one code object are one (torch installs one entry per code object) with every name each package
-    gave it (a resume function is named anew by each trace, and its variants call it by that name), and a package of
-    other code is not merged."""
+    gave it (a resume function is named anew by each trace, and its variants call it by that name), bypassed only
+    where every package bypassed it, and a package of other code is not merged."""
     from pytest_megacache.dynamo import merge as dynamo_merge
 
     monkeypatch.setattr(dynamo_merge, "stored_code", lambda entry: entry.python_code)
@@ -461,8 +469,11 @@ def test_merged_packages_keep_each_variant_and_resume_function_once(monkeypatch:
     main, resume = merged.codes
     assert [v.guards_state for v in main.guarded_codes] == [b"g1", b"g2", b"g3"]
     assert main.backend_ids == ["be1", "be2"] and main.import_sources == {"a": "b"} and not main.bypassed
-    assert [v.guards_state for v in resume.guarded_codes] == [b"r1", b"r2"] and resume.bypassed
+    # bypassed by one package only (a frame of it could not be stored there): the other's variants are installed
+    assert [v.guards_state for v in resume.guarded_codes] == [b"r1", b"r2"] and not resume.bypassed
     assert resume.function_names == ["__resume_1", "__resume_2"]
+    both = dynamo_merge._merged([second, second])
+    assert both.codes[1].bypassed  # bypassed by every package: torch installs nothing of it, as it would
     # a variant whose proofs failed in this process is not stored again from it
     kept = dynamo_merge._without(merged, {hashlib.sha256(b"g2").hexdigest(), hashlib.sha256(b"r1").hexdigest()})
     assert [[v.guards_state for v in code.guarded_codes] for code in kept.codes] == [[b"g1", b"g3"], [b"r2"]]
@@ -521,6 +532,12 @@ def test_a_merged_entry_keeps_only_the_resume_functions_a_kept_variant_calls() -
                                                              ["__resume_at_198_18"]]
     unstored = _Code(SimpleNamespace(co_name="step"), "m", ["step"], [], [], {}, False)  # its frame refused here
     assert [code.function_names for code in dynamo_merge._pruned(_Entry([unstored, orphan])).codes] == [["step"]]
+    # a kept resume function keeps only the names a variant calls it by: each trace of a frame refused here named it
+    # anew, and merged, the entry took one more name at every run
+    renamed = _Code(called.python_code, "m", ["__resume_at_154_8", "__resume_at_154_31", "__resume_at_154_47"],
+                    called.guarded_codes, [], {}, False)
+    assert [code.function_names for code in dynamo_merge._pruned(_Entry([main, renamed])).codes] == [
+        ["step"], ["__resume_at_154_8"]]
 
 
 def test_what_a_package_recorded_is_kept_without_the_stored_variants_and_without_the_package() -> None:
@@ -990,7 +1007,9 @@ def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_wri
     kept = dynamo_repairs._without_backendless(entry, {"__compiled_fn_1": object()}, counted.append)
     assert kept.codes[0].guarded_codes == [complete] and kept.codes[0].backend_ids == ["__compiled_fn_1"]
     assert counted == [2, 1]  # each variant left out is counted, those of a code torch then bypasses too
-    assert kept.codes[1] is alone  # nothing left of it: torch bypasses it, as it would have
+    # nothing left of it: bypassed, as torch would, and written without the variants (stable from run to run)
+    assert kept.codes[1].bypassed and kept.codes[1].guarded_codes == [] and kept.codes[1].backend_ids == []
+    assert alone.guarded_codes == [backendless] and not alone.bypassed
     assert main.guarded_codes == [complete, backendless, inner]  # what the process recorded is left as it was
     every = {f"__compiled_fn_{i}": 0 for i in (1, 2, 3)}
     assert dynamo_repairs._without_backendless(entry, every, counted.append) is entry
@@ -1128,6 +1147,27 @@ def test_entries_refused_while_torch_writes_them_count_in_the_sessions_figures(m
     assert stats.counters == {"dynamo_refused_unpicklable": 3, "fxgraph_cache_hit": 3}  # only Dynamo reuse's own
     assert stats.dynamo_refusals == {"side_effect": "a warning",
                                      "unpicklable": "TypeError: cannot pickle 'module' object"}
+
+
+def test_each_frame_left_traced_is_named_with_its_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report names each frame a refusal left traced, by its function and where it is defined (relative to the
+    rootdir, or below the installed packages), with each reason once; an xdist worker's are folded in."""
+    from pytest_megacache.report.stats import TorchStats
+
+    state = dr._Reuse("/ci/repo")
+    monkeypatch.setattr(dr, "_STATE", state)
+    monkeypatch.setattr(state, "count", lambda name: None)
+    state.refuse("torch_error", "outside any frame: nobody named")
+    state.frame = _function("def forward(x):\n    return x\n", "forward", "/ci/repo/src/model.py").__code__
+    for reason in ("unsupported_backend", "torch_error", "unsupported_backend"):
+        state.refuse(reason, "detail")
+    state.frame = _function("def conv(x):\n    return x\n", "conv", "/opt/venv/lib/python3.11/site-packages/lib/c.py").__code__
+    state.traced_for("none stored")
+    assert dr.refused_frames() == {"forward (src/model.py:1)": "unsupported_backend, torch_error",
+                                   "conv (lib/c.py:1)": "none stored"}
+    stats = TorchStats(dynamo_refused_frames={"forward (src/model.py:1)": "torch_error"})
+    stats.add({"dynamo_refused_frames": {"step (train.py:3)": "side_effect"}})
+    assert stats.dynamo_refused_frames == {"forward (src/model.py:1)": "torch_error", "step (train.py:3)": "side_effect"}
 
 
 def test_torch_failing_to_record_a_frames_code_is_told_apart_from_the_frames_own_errors() -> None:
@@ -1329,3 +1369,69 @@ def test_reuses_own_time_is_counted_once_where_an_offer_installs_an_entry() -> N
         with ledger.spending():
             pass
     assert len(ledger.spans) == 1 and ledger.cost() == pytest.approx(ledger.offered + ledger.spans[0][1] - ledger.spans[0][0])
+
+
+class _Pair(NamedTuple):  # a named tuple of a module: its __new__ reads a scope of its own
+    first: int
+    second: int
+
+
+def test_a_named_tuples_scope_is_bound_again_as_its_class_names_it() -> None:
+    """Dynamo installs the scope a named tuple's ``__new__`` was made in (``___unnamed_scope_<id>_c<n>``) where it
+    inlines its construction, and guards ``tuple.__new__`` in it: the scope is found again through its class (by
+    module and qualname) and ``tuple.__new__`` by its class's module; a dict of any other kind is not found."""
+    from pytest_megacache.dynamo import proof_globals
+
+    scope = vars(_Pair)["__new__"].__func__.__globals__
+    assert scope["__name__"] == "namedtuple__Pair"
+    name = "___unnamed_scope_140382748668544_c1"
+    proof = proof_globals.prove_global(f"G['{name}']['_tuple_new']", [("global", name), ("key", "_tuple_new")],
+                                       tuple.__new__, {name: scope})
+    assert proof["is"] == ["builtin", "builtin_function_or_method", "builtins", "tuple.__new__"]
+    assert proof["bind"][:2] == ["scope", "class"] and dp.find(proof["bind"]) is scope
+    later: dict[str, Any] = {}  # a later process: the global is bound again to the scope of the class found
+    dp.check_proofs([proof], later, bind=later.__setitem__)
+    assert later[name] is scope
+    forged = {"__name__": "namedtuple__Pair", "_tuple_new": tuple.__new__, "__builtins__": {}}
+    with pytest.raises(dp.Refused):
+        proof_globals.prove_global(f"G['{name}']['_tuple_new']", [("global", name), ("key", "_tuple_new")],
+                                   tuple.__new__, {name: forged})
+
+
+def test_an_entrys_variants_that_need_a_module_not_there_are_held_back() -> None:
+    """A stored entry whose variants inlined a module a library generates at run time: where that module is not
+    there yet, the variants that need it (and one that did not record what it needs) are held back with the
+    module's sources and imports; the others are installed at once, torch checking their sources."""
+    from pytest_megacache.dynamo import installing
+
+    @dataclasses.dataclass(frozen=True)
+    class Source:
+        module: str
+
+    @dataclasses.dataclass
+    class Info:
+        inlined_sources: set[Source]
+
+    @dataclasses.dataclass
+    class Code:
+        guarded_codes: list[Any]
+        import_sources: dict[str, str]
+
+    @dataclasses.dataclass
+    class Entry:
+        codes: list[Code]
+        source_info: Info
+
+    def variant(modules: list[str] | None) -> Any:
+        return types.SimpleNamespace(guards_state=dp.pack_guards([], "ctx", b"state", modules=modules))
+
+    ours, theirs, unknown = variant(["math", "json"]), variant(["math", "not_generated_yet_xyz"]), variant(None)
+    entry = Entry([Code([ours, theirs, unknown], {"gen": "not_generated_yet_xyz", "m": "math"})],
+                  Info({Source("math"), Source("not_generated_yet_xyz")}))
+    held, missing = installing.without_missing(entry)
+    assert missing == "not_generated_yet_xyz"
+    assert held.codes[0].guarded_codes == [ours] and held.codes[0].import_sources == {"m": "math"}
+    assert held.source_info.inlined_sources == {Source("math")}
+    assert entry.codes[0].guarded_codes == [ours, theirs, unknown]  # what was stored is kept whole (written)
+    whole = Entry([Code([ours, unknown], {})], Info({Source("math")}))
+    assert installing.without_missing(whole) == (whole, None)
