@@ -238,7 +238,8 @@ class Role:
         if self.report is None or (not self.ctx.active and not self.settings.enabled):
             return
         terminalreporter.write_sep("-", "megacache")
-        for line in reportmod.terminal_lines(self.report, config.get_verbosity(), durations=self.settings.durations):
+        verbose = reportmod.asked_verbosity(config)  # a project's own addopts -vv does not unfold the summary
+        for line in reportmod.terminal_lines(self.report, verbose, durations=self.settings.durations):
             terminalreporter.write_line(line)
         if self.settings.strict and self.problems:
             terminalreporter.write_line(f"megacache strict: {len(self.problems)} cache problem(s) fail this session",

@@ -34,7 +34,8 @@ from .triton import figures as triton_figures
 # from here: the rest of the package imports the family from here.
 __all__ = [
     "REPORT_SCHEMA", "REPORT_VERSION", "LoadStats", "ProcessTimes", "RestoreStats", "SessionReport", "TorchStats",
-    "TritonStats", "TritonWatch", "UploadStats", "XdistStats", "append_step_summary", "as_count", "dynamo_reuse_text",
+    "TritonStats", "TritonWatch", "UploadStats", "XdistStats", "append_step_summary", "as_count", "asked_verbosity",
+    "dynamo_reuse_text",
     "human_age", "human_bytes", "markdown", "plural", "process_age", "slowest_uncached", "terminal_lines",
     "triton_figures", "unstorable_note", "unused_note", "write_json",
 ]
@@ -329,6 +330,23 @@ def terminal_lines(report: SessionReport, verbose: int = 0, durations: int = 0) 
     if report.enabled and verbose <= 0:
         return _short_lines(report, durations)
     return full_lines(report, verbose, durations)
+
+
+def asked_verbosity(config: Any) -> int:
+    """The verbosity asked for in this run (``config``: pytest's): its verbosity, less what the project's own ini
+    ``addopts`` set (``-vv`` there says how the project lists its tests, not that each run wants every line of this
+    summary); ``-v`` on the command line or in ``PYTEST_ADDOPTS`` unfolds it."""
+    try:
+        addopts = [str(option) for option in config.getini("addopts")]
+    except (ValueError, TypeError):
+        addopts = []
+    project = 0
+    for option in addopts:
+        if option in ("--verbose", "--quiet"):
+            project += 1 if option == "--verbose" else -1
+        elif len(option) > 1 and option[0] == "-" and set(option[1:]) in ({"v"}, {"q"}):
+            project += (len(option) - 1) * (1 if option[1] == "v" else -1)
+    return int(config.get_verbosity()) - project
 
 
 def full_lines(report: SessionReport, verbose: int = 0, durations: int = 0) -> list[str]:

@@ -14,6 +14,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -217,3 +218,35 @@ def test_a_torch_config_flag_is_switched_on_or_the_reason_is_given(monkeypatch: 
     assert TorchAdapter._switch_on("fake_torch_config", "absent", "a test") == "this torch has no absent"
     why = TorchAdapter._switch_on("no_such_torch_config_module", "present", "a test")
     assert why is not None and why.startswith("no_such_torch_config_module did not import")
+
+
+class _Config:
+    """pytest's config as the summary reads it: the verbosity, and the project's ini addopts."""
+
+    def __init__(self, verbosity: int, addopts: list[str] | Exception) -> None:
+        self.verbosity, self.addopts = verbosity, addopts
+
+    def get_verbosity(self) -> int:
+        return self.verbosity
+
+    def getini(self, name: str) -> list[str]:
+        assert name == "addopts"
+        if isinstance(self.addopts, Exception):
+            raise self.addopts
+        return self.addopts
+
+
+@pytest.mark.parametrize(("verbosity", "addopts", "asked"), [
+    (2, ["--capture=no", "-vv", "-m", "not slow"], 0),  # a project that lists its tests verbosely: the short summary
+    (3, ["-vv"], 1),  # -v on the command line on top: everything
+    (1, [], 1),
+    (0, ["-v", "-q"], 0),
+    (-1, ["--quiet"], 0),
+    (2, ["--verbose", "-rav"], 1),  # -r's value is not a verbosity
+    (1, ValueError("no such ini"), 1),
+])
+def test_the_verbosity_a_projects_addopts_set_does_not_unfold_the_summary(verbosity: int, addopts: Any,
+                                                                          asked: int) -> None:
+    from pytest_megacache.report import asked_verbosity
+
+    assert asked_verbosity(_Config(verbosity, addopts)) == asked
