@@ -111,7 +111,7 @@ class _Reuse:
         # id(code) -> code, function, stored entry, backends, the module missing when the function was wrapped
         self.deferred: dict[int, tuple[Any, Any, Any, Any, str]] = {}
         self.waiting: dict[tuple[str, int, str], str] = {}  # each code of a deferred entry: the module it waits for
-        self.install_deferred: Any = lambda code: None
+        self.install_deferred: Any = lambda code, counted=True: None
         self.used: dict[str, None] = {}  # the keys of the stored entries installed in this process, in order
         self.test = ""  # the tag of the test running (proofs.tag_of_test), stored with what it traces
         # Stored variants (digests) taken in this process; and the variants traced in place of a variant of their

@@ -79,15 +79,16 @@ def installed_where_wrapped(state: Any, torch: Any, package: Any, bytecode_trans
     PATCHES.replace(package_class, "install", install_or_fresh, "an entry that fails to install leaves nothing behind; "
                     "its compiled graphs deserialized where first needed; what was installed noted for writing")
 
-    def install_deferred(code: Any) -> None:
+    def install_deferred(code: Any, counted: bool = True) -> None:
         """The stored entry of a function whose modules were missing when it was wrapped, installed where a frame of
-        its code is about to be traced, once they are there (a module a library generates when it is first used)."""
+        its code is about to be traced, once they are there (a module a library generates when it is first used);
+        unless ``counted`` (a frame whose backend keeps it out of the store anyway), still missing is no refusal."""
         deferred = state.deferred.get(id(code))
         if deferred is None or deferred[0] is not code:
             return
         _, fn, dynamo, backends, missing = deferred
         if not importable(missing):
-            if not state.offers.of(code):  # else the variants that need no module are offered (without_missing)
+            if counted and not state.offers.of(code):  # else those that need no module are offered (without_missing)
                 state.refuse("missing_module", f"{missing} is not there")  # once per frame traced
             return
         del state.deferred[id(code)]

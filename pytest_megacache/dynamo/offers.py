@@ -27,7 +27,7 @@ from .ledger import LEDGER
 from .objects import Refused
 from .patches import PATCHES
 from .proofs import check_proofs, guards_digest, unpack_guards
-from .repairs import numbering_past_name
+from .repairs import guards_state_loaded, numbering_past_name
 from .shapes import fits, note_again, notes_of
 
 # Refusals that any later process would make too, so the variant is not stored again from this one: a class's
@@ -305,7 +305,7 @@ def _build(state: Any, own: _Torch, offer: Offer) -> Any:
 def _reused(state: Any, own: _Torch, args: dict[str, Any], context: str | None) -> Any:
     """What torch's ``_compile`` returns for a stored variant of the frame taken (:func:`take`), or None: the frame is
     traced, and what it is to its own test's stored variants noted (``state.retraced``)."""
-    state.install_deferred(args["code"])
+    state.install_deferred(args["code"], context is not None)  # a frame of a backend never stored: not counted
     # traced while its stored entry waits for a module: what it traces is not written (the entry holds it)
     waiting = state.waiting_for(args["code"], args["globals"])
     offers = state.offers.of(args["code"])
@@ -383,7 +383,7 @@ def guards_of(load_guards_state: Any, builtins_of: Any, bytecode_transformation:
     """A variant's guard state unpickled by torch (``load_guards_state``), with the builtins dict its guards name put
     into the module's globals where it is missing, as torch's install does (``builtins_of``: torch's
     ``get_builtins_dict``)."""
-    loaded = load_guards_state(stored)
+    loaded = guards_state_loaded(load_guards_state, stored)
     name = getattr(loaded.output_graph, "name_of_builtins_dict_key_in_fglobals", None)
     if name:
         builtins_dict = builtins_of(scope)

@@ -12,6 +12,8 @@ the form it was written against (else nothing of it is changed).
   written (and counted), instead of every variant of its code.
 - :func:`module_globals_by_name`: output code that makes a function (Dynamo loads the function's module globals as a
   constant) is written with the module's name in place of its globals, instead of not at all.
+- :func:`guards_state_loaded`: a stored guard state whose module's own ``__setstate__`` fails on what torch left out
+  of it loads with each module's state put in place as ``torch.nn.Module`` does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import pickle
 import re
 import sys
 from collections.abc import Callable
@@ -354,3 +357,39 @@ def _advance_past(bytecode_transformation: Any, number: int | None) -> None:
     if number is not None:
         current = next(bytecode_transformation._unique_id_counter)
         bytecode_transformation._unique_id_counter = itertools.count(max(current, number + 1))
+
+
+def guards_state_loaded(load_guards_state: Any, data: bytes) -> Any:
+    """torch's ``load_guards_state`` of a variant's guard state; where it fails, the state unpickled again with each
+    module's state put in place as ``torch.nn.Module.__setstate__`` does, not by its class's own. torch pickles a
+    module of a guarded frame with only what its guards read (the rest a placeholder, ``_Missing``), and a library's
+    ``__setstate__`` that reads the rest (a graph library's layers rebuild their generated methods there) fails: the
+    variant was never taken. The module unpickled here stands for the traced one while its guards are built; the
+    guards are checked against the frame's own objects. Where this fails too, torch's error is raised."""
+    try:
+        return load_guards_state(data)
+    except Exception as exc:  # noqa: BLE001 - retried below; torch's own error where that fails too
+        failed = exc
+    import torch
+
+    python_unpickler: Any = pickle._Unpickler  # the Python one: its BUILD can be replaced
+
+    class PlainModules(python_unpickler):  # type: ignore[misc]
+        dispatch: dict[int, Any] = dict(python_unpickler.dispatch)
+
+        def load_build(self) -> None:
+            inst = self.stack[-2]
+            module_setstate: Any = torch.nn.Module.__setstate__
+            if isinstance(inst, torch.nn.Module) and type(inst).__setstate__ is not module_setstate:
+                module_setstate(inst, self.stack.pop())
+                return
+            python_unpickler.load_build(self)
+
+        dispatch[pickle.BUILD[0]] = load_build
+
+    import io
+
+    try:
+        return PlainModules(io.BytesIO(data)).load()
+    except Exception:  # noqa: BLE001
+        raise failed from None

@@ -125,6 +125,7 @@ def explained_then_compiled(x):  # traced by explain's own backend (never stored
     return torch.tanh(x) * 2 + x
 
 
+
 def with_default(x, k=@DEFAULT@):
     return x * k
 
@@ -1310,6 +1311,42 @@ assert patches.PATCHES.remove_all() == 5 and len(patches.PATCHES) == 0
 assert handler.start_callbacks is lists[0] and handler.end_callbacks is lists[1] and lists[0] == [print]
 assert inductor.compile_threads == threads and functorch.force_non_lazy_backward_lowering is False
 assert torch._inductor.cpu_vec_isa.subprocess is subprocess
+
+# A stored guard state whose module's own __setstate__ reads what torch left out of it (a placeholder where no guard
+# reads) loads again, each module's state put in place as torch.nn.Module does; torch's error where that fails too.
+import pickle
+
+from torch._dynamo.guards import _Missing
+
+from pytest_megacache.dynamo.repairs import guards_state_loaded
+
+
+class Rebuilds(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.table = {"k": 1}
+
+    def __setstate__(self, state):
+        self.table = dict(state["table"].items())
+        super().__setstate__(state)
+
+
+module = Rebuilds()
+module.table = _Missing("left out")  # as torch pickles what no guard reads
+data = pickle.dumps(module)
+try:
+    pickle.loads(data)
+    raise AssertionError("the module's own __setstate__ ran past the placeholder")
+except AttributeError:
+    pass
+loaded = guards_state_loaded(pickle.loads, data)
+assert type(loaded) is Rebuilds and isinstance(loaded.table, _Missing) and torch.equal(loaded.lin.weight, module.lin.weight)
+try:
+    guards_state_loaded(pickle.loads, b"not a pickle")
+    raise AssertionError("loaded")
+except pickle.UnpicklingError:
+    pass
 print("checked")
 """
 
@@ -1320,8 +1357,8 @@ def test_a_loaded_entrys_backends_are_recorded_only_where_it_is_written(tmp_path
     an entry calling it is made up for writing, the stored entry holding it is read again (once), and an entry as it
     was installed is not made up at all; a backend a compile records is recorded as torch records it. Then reuse
     is installed and removed twice: each time every function of torch it replaced is torch's own again; and the
-    plugin's other patches (compile callbacks, config flags, the vector-ISA check) too. (In a process of its own:
-    torch's state.)"""
+    plugin's other patches (compile callbacks, config flags, the vector-ISA check) too. A guard state whose module's
+    ``__setstate__`` fails on what torch left out loads again. (In a process of its own: torch's state.)"""
     import os
     import subprocess
     import sys
