@@ -60,6 +60,7 @@ from .patches import PATCHES
 from .proofs import (
     Stored,
     reason_of,
+    relative_file,
     source_id,
     tag_of_test,
 )
@@ -101,7 +102,7 @@ class _Reuse:
         self.recorded: dict[str, dict[int, Any]] = {}
         self.reasons: dict[str, str] = {}
         self.frame: Any = None  # the code of the frame being offered stored variants or traced (None: none)
-        self.frames: dict[str, str] = {}  # per frame refused (frame_label), its reasons in the order first seen
+        self.frames: dict[str, list[str]] = {}  # per frame refused (frame_label), its reasons in the order first seen
         self.offers = Offers()
         # key -> the stored entry installed in this process; the stored variants whose proofs failed here (digests)
         self.loaded: dict[str, Any] = {}
@@ -140,9 +141,9 @@ class _Reuse:
     def traced_for(self, reason: str) -> None:
         """Name the frame being offered stored variants or traced with ``reason``, once (refused frames)."""
         if self.frame is not None and len(self.frames) < MAX_FRAMES:
-            label = frame_label(self.frame, self.rootdir)
-            if reason not in (seen := self.frames.get(label, "")).split(", "):
-                self.frames[label] = f"{seen}, {reason}" if seen else reason
+            reasons = self.frames.setdefault(frame_label(self.frame, self.rootdir), [])
+            if reason not in reasons:
+                reasons.append(reason)
 
     def refuse_error(self, exc: BaseException) -> None:
         self.refuse(reason_of(exc), f"{type(exc).__name__}: {exc}")
@@ -312,7 +313,7 @@ def used_entries() -> list[str]:
 
 def refused_frames() -> dict[str, str]:
     """Each frame of this process that a refusal left traced (:func:`frame_label`), with its reasons."""
-    return dict(_STATE.frames) if _STATE is not None else {}
+    return {frame: ", ".join(reasons) for frame, reasons in _STATE.frames.items()} if _STATE is not None else {}
 
 
 def frame_label(code: Any, rootdir: str) -> str:
@@ -321,11 +322,8 @@ def frame_label(code: Any, rootdir: str) -> str:
     import os
 
     path = str(getattr(code, "co_filename", "?"))
-    try:
-        rel = os.path.relpath(path, rootdir)
-    except ValueError:
-        rel = os.pardir
-    if rel.startswith(os.pardir):
+    rel = relative_file(path, rootdir)
+    if not rel:
         _, found, below = path.replace(os.sep, "/").rpartition("-packages/")
         rel = below if found else os.path.basename(path)
     return f"{getattr(code, 'co_name', '?')} ({rel}:{getattr(code, 'co_firstlineno', 0)})"

@@ -29,7 +29,8 @@ from .proof_globals import check_global, prove_global
 from .proof_locals import check_local, prove_local
 
 __all__ = ["Refused", "Stored", "check_proofs", "code_digest", "describe", "describe_member", "find", "function_of",
-           "guards_digest", "pack_guards", "parse_path", "prove", "prove_class", "resolve", "source_id", "tag_of_test",
+           "guards_digest", "pack_guards", "parse_path", "prove", "prove_class", "relative_file", "resolve", "source_id",
+           "tag_of_test",
            "unpack_guards"]
 
 # the stored guards' format; a variant stored in an earlier one is refused (5: the globals its trace installed are
@@ -41,7 +42,8 @@ MAX_SECONDS = 86_400.0  # what a stored variant may say its trace took (an unver
 _SECONDS_TAIL = re.compile(rb',"seconds":[0-9.eE+\-]+}')  # pack_guards's last key, and the header's end
 
 
-def _relative_file(filename: str, rootdir: str) -> str:
+def relative_file(filename: str, rootdir: str) -> str:
+    """``filename`` relative to the rootdir (symbolic links resolved), or "" where it lies outside it."""
     try:
         path = os.path.realpath(filename)
         root = os.path.realpath(rootdir)
@@ -58,7 +60,7 @@ def source_id(fn: Any, rootdir: str) -> str:
     func = function_of(fn)
     code = func.__code__
     h = hashlib.sha256(_ID_PREFIX)
-    for part in (getattr(func, "__module__", "") or "", _relative_file(code.co_filename, rootdir),
+    for part in (getattr(func, "__module__", "") or "", relative_file(code.co_filename, rootdir),
                  getattr(func, "__qualname__", code.co_name), str(code.co_firstlineno), code_digest(code)):
         h.update(part.encode("utf-8", "surrogatepass") + b"\0")
     return h.hexdigest()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import itertools
 import pickle
 import re
@@ -386,8 +387,6 @@ def guards_state_loaded(load_guards_state: Any, data: bytes) -> Any:
             python_unpickler.load_build(self)
 
         dispatch[pickle.BUILD[0]] = load_build
-
-    import io
 
     try:
         return PlainModules(io.BytesIO(data)).load()
