@@ -9,6 +9,11 @@ imported until :func:`eager_graphs_stored` runs).
   returned (calling the module would run global module hooks that the traced frame did not). Only where the compile
   asked for torch's ``eager`` function itself (a backend of a test's own that returns the graph may count or record
   what it is given: it must run), and where it pickles.
+- **Graphs of ``torch._dynamo.explain``'s recorder.** explain traces with a backend of its own that records each graph
+  it is given (the explanation's graphs, operations and graph breaks) and returns its ``forward``. Its graphs are
+  stored as eager ones are (:class:`~.eager.ExplainedGraph`); where an explanation takes a stored frame, the graph
+  is handed to that explanation's recorder as the trace would have handed it (:func:`made_ready`), and the guards
+  stored with the frame to its ``guard_export_fn`` (:mod:`.offers`).
 - **A graph torch runs with subclass dispatch off.** Where Dynamo inlined a ``__torch_function__`` (a tensor
   subclass's, or an object's such as a tensor container's), torch runs the compiled graph with tensor-subclass dispatch
   off (else a subclass would handle each operation twice), but records and installs the bare backend: the artifact
@@ -35,18 +40,19 @@ imported until :func:`eager_graphs_stored` runs).
 from __future__ import annotations
 
 import functools
-import pickle
 import threading
 import weakref
 from typing import Any
 
+from .context import explain_recorder
 from .ledger import LEDGER
 from .patches import PATCHES
 
-__all__ = ["backends_recorded_once", "backends_recorded_where_written", "eager_graphs_stored", "made_ready", "postponed",
-           "wrapped_after_backend"]
+__all__ = ["backends_recorded_once", "backends_recorded_where_written", "calls_graphs", "eager_graphs_stored", "made_ready",
+           "postponed", "wrapped_after_backend"]
 
-_EAGER_GRAPHS: weakref.WeakSet[Any] = weakref.WeakSet()  # graphs torch's eager backend returned as they were
+# graphs torch's eager backend or explain's recorder returned as they were: which of the two
+_EAGER_GRAPHS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _LAST = threading.local()  # the graph just compiled: run with subclass dispatch off? (torch names it right after)
 _DISPATCH_OFF: set[str] = set()  # backends of this process that torch runs with subclass dispatch off
 
@@ -57,22 +63,23 @@ def wrapped_after_backend(output_graph: Any) -> bool:
     return bool(getattr(shape_env, "specializations", None))
 
 
-def _torch_eager(compiler_fn: Any, innermost_backend: Any) -> bool:
+def _graph_kind(compiler_fn: Any, innermost_backend: Any) -> str | None:
+    """"eager" for torch's ``eager`` backend, "explain" for explain's recorder, else None."""
     from torch._dynamo.backends.debugging import eager
 
     backend = innermost_backend(compiler_fn)
     if type(backend).__name__ == "_TorchCompileWrapper":
         backend = getattr(backend, "compiler_fn", None)
-    return backend is eager
+    return "eager" if backend is eager else "explain" if explain_recorder(backend) else None
 
 
 def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any) -> None:
-    """Records the graph of each compile by torch's ``eager`` backend as the backend torch stores with the frame
-    (``package.CompilePackage.add_backend_id`` is where torch names a frame's compiled graph; it is called only under
-    caching precompile)."""
+    """Records the graph of each compile by torch's ``eager`` backend or explain's recorder as the backend torch
+    stores with the frame (``package.CompilePackage.add_backend_id`` is where torch names a frame's compiled graph; it
+    is called only under caching precompile)."""
     from torch._dynamo.precompile_context import PrecompileContext
 
-    from .eager import DispatchOff, GraphForward
+    from .eager import DispatchOff, ExplainedGraph, GraphForward, explained_content, graph_bytes
 
     call_user_compiler = getattr(output_graph, "call_user_compiler", None)
     add_backend_id = getattr(getattr(package, "CompilePackage", None), "add_backend_id", None)
@@ -84,9 +91,9 @@ def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any)
         compiled = call_user_compiler(self, gm, *args, **kwargs)
         _LAST.dispatch_off = bool(getattr(self, "torch_function_subclass_inlined", False))
         try:
-            if (getattr(compiled, "__self__", None) is gm and _torch_eager(self.compiler_fn, innermost_backend)
-                    and not getattr(self, "export", False)):
-                _EAGER_GRAPHS.add(gm)
+            if (getattr(compiled, "__self__", None) is gm and not getattr(self, "export", False)
+                    and (kind := _graph_kind(self.compiler_fn, innermost_backend)) is not None):
+                _EAGER_GRAPHS[gm] = kind
         except Exception:  # noqa: BLE001 - a graph not recorded is a variant not stored
             pass
         return compiled
@@ -97,9 +104,11 @@ def eager_graphs_stored(output_graph: Any, package: Any, innermost_backend: Any)
         dispatch_off, _LAST.dispatch_off = getattr(_LAST, "dispatch_off", False), False
         gm = getattr(backend, "__self__", None)
         try:
-            if gm is not None and gm in _EAGER_GRAPHS:
-                pickle.dumps(gm)  # one that does not pickle is not recorded: only its variant is not stored
-                PrecompileContext.record_artifact(GraphForward(key=backend_id, content=gm))
+            if gm is not None and (kind := _EAGER_GRAPHS.get(gm)) is not None:
+                # one that does not store is not recorded: only its variant is not stored
+                artifact = (ExplainedGraph(key=backend_id, content=explained_content(gm)) if kind == "explain"
+                            else GraphForward(key=backend_id, content=graph_bytes(gm)))
+                PrecompileContext.record_artifact(artifact)
         except Exception:  # noqa: BLE001
             pass
         if dispatch_off:
@@ -257,10 +266,23 @@ def postponed(backends: Any) -> Any:
             for k, v in backends.items()}
 
 
-def made_ready(code: Any, scope: dict[str, Any]) -> None:
-    """The stored backends that ``code`` (a variant's output code) calls by name in ``scope``, deserialized now."""
+def made_ready(code: Any, scope: dict[str, Any]) -> list[Any]:
+    """The stored backends that ``code`` (a variant's output code) calls by name in ``scope``, deserialized now; the
+    graphs of explain's recorder among them, in the order the code calls them (to hand to the recorder of the
+    explanation taking the variant: ``handed``)."""
+    explained = []
     for name in getattr(code, "co_names", ()):
         installed = scope.get(name) if isinstance(name, str) and name.startswith("__compiled_fn") else None
         deferred = getattr(installed, "_torchdynamo_orig_callable", None)
         if isinstance(deferred, Deferred):
-            deferred.ready()
+            fn = deferred.ready()
+            # an explain graph (eager.Explained), or one run with subclass dispatch off that wraps it
+            if (graph := fn if hasattr(fn, "handed") else getattr(fn, "explained", None)) is not None:
+                explained.append(graph)
+    return explained
+
+
+def calls_graphs(code: Any) -> bool:
+    """Whether ``code`` (a variant's output code) calls a compiled graph (torch's ``__compiled_fn`` names): a frame
+    whose graph was empty calls none."""
+    return any(isinstance(name, str) and name.startswith("__compiled_fn") for name in getattr(code, "co_names", ()))

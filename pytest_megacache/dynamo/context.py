@@ -40,9 +40,22 @@ def innermost_backend(compiler_fn: Any) -> Any:
     return compiler_fn
 
 
+# torch._dynamo.explain's recorder of graphs: a function it makes for each explanation, in torch's module
+EXPLAIN_RECORDER = ("torch._dynamo.eval_frame", "explain.<locals>.inner.<locals>.dynamo_graph_accumulating_compiler")
+
+
+def explain_recorder(backend: Any) -> bool:
+    """Whether ``backend`` is ``torch._dynamo.explain``'s recorder of graphs: torch's own, though made anew for each
+    explanation; what it records is given to it again where an explanation takes a stored frame (:mod:`.backends`)."""
+    return (getattr(backend, "__module__", None), getattr(backend, "__qualname__", None)) == EXPLAIN_RECORDER
+
+
 def describe_backend(backend: Any) -> list[Any] | None:
     """The backend as a description that means the same backend in another process, or None. torch.compile's own
-    wrappers are described by what their equality compares (the compiler, mode and options, ``dynamic``)."""
+    wrappers are described by what their equality compares (the compiler, mode and options, ``dynamic``), explain's
+    recorder as itself."""
+    if explain_recorder(backend):
+        return ["explain"]
     kind = type(backend).__name__
     if kind == "_TorchCompileInductorWrapper":
         return ["inductor", repr(getattr(backend, "name", "inductor")), repr(sorted(backend.config.items())),
@@ -95,12 +108,12 @@ def config_digests() -> list[str]:
 
 
 def torch_own(backend: list[Any]) -> bool:
-    """Whether a backend described by :func:`describe_backend` is torch's own: Inductor, or a function of torch's
-    modules (its registered backends, ``eager`` among them), which compile what they are given and record nothing a
-    test could read. A function of a suite's own may count or record what it is given: a frame taken from the store
-    never calls it."""
+    """Whether a backend described by :func:`describe_backend` is torch's own: Inductor, explain's recorder (what it
+    records is given to it again), or a function of torch's modules (its registered backends, ``eager`` among them),
+    which compile what they are given and record nothing a test could read. A function of a suite's own may count or
+    record what it is given: a frame taken from the store never calls it."""
     kind = backend[0]
-    if kind == "inductor":
+    if kind in ("inductor", "explain"):
         return True
     what = backend[2] if kind == "wrapper" else backend
     module = str(what[1]) if isinstance(what, list) and len(what) > 1 and what[0] == "function" else ""

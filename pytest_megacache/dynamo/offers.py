@@ -20,8 +20,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .backends import made_ready
-from .context import compile_context
+from .backends import calls_graphs, made_ready
+from .context import compile_context, explain_recorder, innermost_backend
 from .effects import NO_EFFECTS, Effects, Trace, count_again, shown_again
 from .ledger import LEDGER
 from .objects import Refused
@@ -335,8 +335,15 @@ def _taken(state: Any, own: _Torch, offer: Offer, manager: Any, args: dict[str, 
     """``offer``, whose guards (``manager``) hold, as torch's ``_compile`` returns a frame it traced: its compiled graphs
     made ready and what its trace did that a test can see done again; None (the frame is traced) where either fails."""
     code, closure, compile_id = args["code"], args.get("closure"), args["compile_id"]
+    export_guards: Any = getattr(args.get("hooks"), "guard_export_fn", None)
+    # torch hands a traced frame's guards to the compile's guard_export_fn (explain's record of them), unless its graph
+    # was empty: the guards stored with the variant are handed so
+    guards = offer.prepared.guards_state.output_graph.guards if export_guards and calls_graphs(offer.dynamo_code) else None
+    recorder = innermost_backend(args["compiler_fn"])
     try:
-        made_ready(offer.dynamo_code, offer.scope)  # its compiled graphs, deserialized where first taken
+        explained = made_ready(offer.dynamo_code, offer.scope)  # its compiled graphs, deserialized where first taken
+        if explained and not explain_recorder(recorder):
+            raise ValueError("a graph of explain's recorder taken outside an explanation")
     except Exception as exc:  # noqa: BLE001 - never offered again here; the frame is traced
         offer.failed = exc
         state.refuse("load_failed", f"a stored compiled graph did not load: {type(exc).__name__}: {exc}")
@@ -354,10 +361,14 @@ def _taken(state: Any, own: _Torch, offer: Offer, manager: Any, args: dict[str, 
     except Exception as exc:  # noqa: BLE001
         state.refuse("side_effect", f"the warnings of the trace not shown again: {type(exc).__name__}: {exc}")
         return None
+    for graph in explained:  # as the trace hands each graph to the explanation's recorder
+        graph.handed(recorder)
     count_again(offer.effects, own.counters)  # what the trace added to torch's counters (a test may read them)
     # and to torch's record of the shapes each input had (automatic dynamic shapes): a later trace of the code marks
     # dynamic what differs, as where this frame was traced
     note_again(notes, own.pgo, own.config)
+    if guards is not None:
+        export_guards(guards)
     state.taken.add(offer.digest)
     LEDGER.spared += offer.seconds
     state.count("dynamo_frames_reused")

@@ -121,8 +121,12 @@ def makes_pair(x):
     return pair.first * pair.second
 
 
-def explained_then_compiled(x):  # traced by explain's own backend (never stored), then compiled
-    return torch.tanh(x) * 2 + x
+def explained_then_compiled(x):  # explained (two graphs, a grad-mode block in the first), then compiled
+    y = torch.tanh(x) * 2 + x
+    with torch.no_grad():
+        z = y * 3
+    torch._dynamo.graph_break()
+    return y + torch.cos(z)
 
 
 
@@ -322,8 +326,11 @@ class MyTensor(torch.Tensor):
     pass
 
 
-def eager_backend(x):
-    return torch.sin(x) * 6 - 2
+def eager_backend(x):  # a block run with grad off: a call made for its effect in the graph
+    y = torch.sin(x) * 6 - 2
+    with torch.no_grad():
+        z = y * 2
+    return y, z
 
 
 def forward_only(x):
@@ -597,7 +604,13 @@ def test_a_named_tuple_made_in_the_frame():
 
 def test_explained_then_compiled():
     explanation = torch._dynamo.explain(edits.explained_then_compiled)(X)
-    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    assert (explanation.graph_count, explanation.graph_break_count, explanation.op_count) == (2, 1, 8), explanation
+    assert [len(ops) for ops in explanation.ops_per_graph] == [6, 2]
+    assert explanation.graphs[0].code.count("torch._C._set_grad_enabled(") == 2, explanation.graphs[0].code
+    [reason] = explanation.break_reasons
+    assert reason.graph_break and "graph_break" in reason.user_stack[-1].line, reason
+    assert reason.user_stack[-1].filename == edits.__file__, reason.user_stack
+    assert len(explanation.out_guards) > 0 and all(guard.name is not None for guard in explanation.out_guards)
     same(torch.compile(edits.explained_then_compiled), edits.explained_then_compiled, X)
 
 
@@ -634,7 +647,10 @@ def test_tensor_subclass_where_the_class_was():
 
 
 def test_eager_backend():
-    same(torch.compile(edits.eager_backend, backend="eager"), edits.eager_backend, X)
+    x = X.clone().requires_grad_()
+    y, z = torch.compile(edits.eager_backend, backend="eager")(x)
+    same(lambda x: (y, z), edits.eager_backend, x)
+    assert y.requires_grad and not z.requires_grad  # the block ran with grad off, as in eager
 
 
 def test_a_forward_whose_backward_never_runs():  # torch stores no compiled graph for it
@@ -964,7 +980,7 @@ class TestDynamoReuse:
                      "test_class_of_a_local_unchanged", "test_decorated_function_unchanged",
                      "test_function_passed_as_argument", "test_decorator_instance_unchanged",
                      "test_type_of_a_tensor_unchanged", "test_inlined_default_argument_unchanged",
-                     "test_a_function_made_in_the_frame", "test_a_named_tuple_made_in_the_frame",
+                     "test_a_function_made_in_the_frame", "test_a_named_tuple_made_in_the_frame", "test_explained_then_compiled",
                      "test_eager_backend", "test_module_global_unchanged",
                      "test_closure_variable_unchanged", "test_default_argument_unchanged", "test_module_method_unchanged",
                      "test_a_configuration_patched_the_same_around_the_call", "test_a_warning_shown_while_traced",
@@ -1117,16 +1133,17 @@ class TestDynamoReuse:
         test = "test_global_function_rebound_after_a_call"
         assert (_compiles(cold, test), _compiles(warm, test)) == (2, 0)
 
-    def test_a_frame_traced_by_explain_leaves_the_compiled_frame_of_the_same_code_reused(
-            self, reuse_chain: ReuseChain) -> None:
-        """``torch._dynamo.explain`` traces the frame with a backend of its own that records what it is given: that
-        frame is traced in every run (its code bypassed in explain's package); the same code compiled after it in
-        the test is taken from the store, the explanation the same."""
+    def test_a_frame_explained_is_taken_from_the_store_by_the_explanation(self, reuse_chain: ReuseChain) -> None:
+        """``torch._dynamo.explain`` traces with a recorder of its own (graphs, operations, graph breaks, guards): its
+        frames are stored, and where an explanation takes one, the stored graph is handed to that explanation's
+        recorder and the stored guards to its record of guards. The test checks the explanation (its graphs'
+        grad-mode calls, the break's reason and place) warm as cold, and the same code compiled after it."""
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
         test = "test_explained_then_compiled"
-        assert (_compiles(cold, test), _compiles(warm, test)) == (2, 1)
-        assert any(frame.startswith("explained_then_compiled ") and "unsupported_backend" in why
-                   for frame, why in (warm.report or {})["torch"]["dynamo_refused_frames"].items())
+        assert _compiles(cold, test) >= 2 and _compiles(warm, test) == 0, (_compiles(cold, test), _compiles(warm, test))
+        assert _traces(warm, test) == 0, _traces(warm, test)
+        assert not any(frame.startswith("explained_then_compiled ")
+                       for frame in (warm.report or {})["torch"]["dynamo_refused_frames"])
 
     def test_a_module_generated_at_run_time_is_installed_once_it_exists(self, reuse_chain: ReuseChain) -> None:
         """The functions are wrapped at import, before the module they call into is generated: the variants that
