@@ -26,7 +26,7 @@ from .files import FileRoot
 from .layout import Layout
 from .report import RestoreStats
 from .scratch import Scratch, local_fault, unlink
-from .stores import Deadline, ObjectInfo, Store, bounded, bounded_map
+from .stores import Deadline, ObjectInfo, Store, bounded, bounded_map, loggers_listed_at_once
 
 # Listings of the read folders a restore makes when an object it listed was gone when fetched (a compaction
 # deleted it, having stored what it held in a newer object): the first and at most two more.
@@ -135,6 +135,7 @@ class Restore:
             self._diagnosed.set()
             return
         if background:
+            loggers_listed_at_once()  # the store's client makes loggers in that thread (stores.deadline)
             self._thread = threading.Thread(target=self._guarded, name="megacache-restore", daemon=True)
             self._thread.start()
         else:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from ..errors import StoreError, redact_cut
 from ..fsutil import TooLarge, copy_regular, write_atomic
 from ..layout import OBJECT_SUFFIX, valid_object_name, valid_segment
-from .deadline import Deadline, bounded, bounded_map
+from .deadline import Deadline, bounded, bounded_map, loggers_listed_at_once
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # the family from here.
 __all__ = [
     "ATTEMPTS", "Deadline", "LocalDirStore", "MemoryStore", "ObjectInfo", "S3Store", "Store", "Walk", "bounded", "bounded_map",
-    "from_settings", "make_s3_client", "new_object_name", "validate_folder",
+    "from_settings", "loggers_listed_at_once", "make_s3_client", "new_object_name", "validate_folder",
 ]
 
 

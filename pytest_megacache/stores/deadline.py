@@ -6,12 +6,19 @@ process after the tests have finished. Here every store operation runs in a *dae
 the caller waits for it only until an absolute deadline: past it, the caller goes on (the operation counts as
 failed) and the thread, if it is still blocked, dies with the interpreter instead of holding it.
 
+A store's client library makes its loggers as it imports its modules, in those threads, while pytest lists every
+logger as it starts each phase of the session and of each test (its logging plugin attaches its handlers to the
+loggers that do not propagate): a logger made at that moment failed the session ("dictionary changed size during
+iteration"). Before any such thread starts, logging's record of loggers lists its loggers as a copy taken at once
+(:func:`loggers_listed_at_once`).
+
 Any exception an operation raises (botocore's ``ProfileNotFound`` while building a client, a ``ValueError``
 for a malformed endpoint, an ``OSError``) arrives as :class:`StoreError`: one type crosses this boundary.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +50,22 @@ class Deadline:
         setting = f", {self.setting}" if self.setting else ""
         return StoreError(f"{operation} did not finish within the budget of {self.what} ({self.seconds:g} s{setting})",
                           "timeout")
+
+
+class _ListedAtOnce(dict):  # type: ignore[type-arg]
+    """logging's record of loggers (its manager's ``loggerDict``), whose ``values()`` is a list of them taken at once
+    (a copy in one C call, which no other thread interrupts), not a view that a logger made meanwhile invalidates."""
+
+    def values(self) -> list[logging.Logger | logging.PlaceHolder]:  # type: ignore[override]
+        return list(super().values())
+
+
+def loggers_listed_at_once() -> None:
+    """logging's record of loggers made a :class:`_ListedAtOnce` with the same loggers, once (see above)."""
+    manager = logging.Logger.manager
+    with logging._lock:  # type: ignore[attr-defined] # logging's own lock, held where it adds a logger
+        if not isinstance(manager.loggerDict, _ListedAtOnce):
+            manager.loggerDict = _ListedAtOnce(manager.loggerDict)
 
 
 def as_store_error(what: str, exc: BaseException) -> StoreError:
@@ -100,6 +123,7 @@ def bounded_map(fn: Callable[[T], R], items: Sequence[T], deadline: Deadline, wo
     if not items:
         return []
     threads = max(1, min(workers, len(items)))
+    loggers_listed_at_once()
     for n in range(threads):
         name = f"megacache-{what.split()[0]}" + (f"-{n}" if threads > 1 else "")
         threading.Thread(target=worker, name=name, daemon=True).start()

@@ -4,6 +4,7 @@ object among good ones. The pytest sessions that make the same faults happen ove
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -300,3 +301,19 @@ def test_one_artifact_with_an_unsafe_key_is_left_out_and_named(tmp_path: Path) -
     odd.finish(OddKey([KEY_A]))  # type: ignore[arg-type]
     assert odd.upload_stats.new_entries == {"torch/inductor": 1}  # the good artifact is uploaded
     assert odd.problems == ["not uploading 1 of torch's artifacts: unsafe inductor key '../../escape'"]
+
+
+def test_a_logger_made_while_the_loggers_are_listed_fails_nothing() -> None:
+    """A store's client makes loggers in the plugin's threads while pytest lists every logger (its logging plugin,
+    at each phase): once a store thread has started, a logger made during that listing changes nothing of it."""
+    manager = logging.Logger.manager
+    for n in range(3):
+        logging.getLogger(f"megacache-tests.present-{n}")
+    before = dict(manager.loggerDict)
+    bounded(lambda: None, Deadline(5.0, "the restore"), "probing")  # a store operation's thread
+    assert dict(manager.loggerDict) == before  # the same loggers, none lost
+    listed = 0
+    for _logger in manager.loggerDict.values():  # as pytest lists them, a logger made meanwhile (another thread's)
+        logging.getLogger(f"megacache-tests.made-while-listed-{listed}")
+        listed += 1
+    assert listed == len(before) and f"megacache-tests.made-while-listed-{listed - 1}" in manager.loggerDict
