@@ -697,6 +697,16 @@ def test_by_default_only_torchs_own_backends_have_a_compile_context() -> None:
         assert dc.compile_context(backend, False, False) is not None  # asked for: any backend that can be named
         assert (dc.compile_context(backend, False, False, any_backend=False) is not None) is own
     assert dc.torch_own(["function", "torchvision.ops", "f", "digest"]) is False
+    # explain's recorder, made anew for each explanation (a closure): torch's own, described as itself
+    recorder = _function("def inner():\n    def dynamo_graph_accumulating_compiler(gm, inputs):\n        return gm\n"
+                         "    return dynamo_graph_accumulating_compiler\n", name="inner",
+                         module="torch._dynamo.eval_frame")()
+    recorder.__qualname__ = "explain.<locals>.inner.<locals>.dynamo_graph_accumulating_compiler"
+    assert dc.describe_backend(recorder) == ["explain"] and dc.explain_recorder(recorder)
+    assert dc.compile_context(recorder, False, False, any_backend=False) is not None
+    assert dc.compile_context(recorder, False, False) != dc.compile_context(torchs, False, False)
+    recorder.__qualname__ = "explain.<locals>.inner.<locals>.another"
+    assert dc.describe_backend(recorder) is None
 
 
 def _fake_pgo() -> types.SimpleNamespace:
@@ -1355,6 +1365,48 @@ def test_an_entrys_backends_are_deserialized_only_where_a_variant_calling_them_i
     broken = {"__compiled_fn_1": _disabled(backends.postponed({"b": _Artifact(fails=True)})["b"].after_deserialization())}
     with pytest.raises(RuntimeError, match="kernels did not load"):  # the offer refuses it: the frame is traced
         backends.made_ready(code, broken)
+
+
+class _Explained:
+    """A graph of explain's recorder as installed (``eager.Explained``): handed to a recorder where taken."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.recorders = name, []
+
+    def handed(self, recorder: Any) -> None:
+        self.recorders.append(recorder)
+
+
+class _ExplainedArtifact(_Artifact):
+    def __init__(self, graph: Any) -> None:
+        super().__init__()
+        self.graph = graph
+
+    def after_deserialization(self) -> Any:
+        self.deserialized += 1
+        return self.graph
+
+
+def test_the_graphs_of_explains_recorder_a_variant_calls_are_given_in_the_order_it_calls_them() -> None:
+    """Where an explanation takes a stored variant, the graphs of explain's recorder that its code calls are what
+    :func:`made_ready` gives (for the offer to hand to that explanation's recorder), in the order of the code's
+    names, each time it is made ready; a graph run with subclass dispatch off gives the one it wraps."""
+    from pytest_megacache.dynamo import backends
+
+    first, second = _Explained("first"), _Explained("second")
+
+    def dispatch_off(*args: Any) -> Any:
+        return args
+
+    dispatch_off.explained = second  # type: ignore[attr-defined]
+    handed = backends.postponed({"__compiled_fn_1": _ExplainedArtifact(first), "__compiled_fn_3": _ExplainedArtifact(
+        dispatch_off), "__compiled_fn_5": _Artifact()})
+    scope = {name: _disabled(art.after_deserialization()) for name, art in handed.items()}
+    code = compile("__compiled_fn_1(x); __compiled_fn_5(x); __compiled_fn_3(x)", "<variant>", "exec")
+    assert backends.made_ready(code, scope) == [first, second]
+    assert backends.made_ready(code, scope) == [first, second]  # a second explanation takes it too
+    assert backends.made_ready(compile("__compiled_fn_5(x)", "<variant>", "eval"), scope) == []
+    assert backends.calls_graphs(code) and not backends.calls_graphs(compile("x + 1", "<variant>", "eval"))
 
 
 def test_reuses_own_time_is_counted_once_where_an_offer_installs_an_entry() -> None:
