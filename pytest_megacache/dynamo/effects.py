@@ -264,8 +264,27 @@ def watch_warnings(state: ReuseState, compile_id: Any, output_graph: Any = None)
     if show is not None and not getattr(show, "_megacache_watch", False):
         @functools.wraps(show)
         def showwarnmsg(msg: Any) -> Any:
-            note(msg, sys._getframe(1))
-            return show(msg)
+            frame = sys._getframe(1)
+            if not hasattr(warnings, "_showwarnmsg_impl"):
+                note(msg, frame)
+                return show(msg)
+            # noted only where it reaches what shows or records it: torch hides some of its own warnings behind a
+            # ``warnings.showwarning`` of its own (``torch._logging.hide_warnings``: a non-leaf tensor's ``.grad``
+            # read while Dynamo wraps it), and one hidden so was never shown
+            impl, reached = warnings._showwarnmsg_impl, []
+
+            def reaching(shown: Any) -> Any:
+                reached.append(shown)
+                return impl(shown)
+
+            warnings._showwarnmsg_impl = reaching
+            try:
+                return show(msg)
+            finally:
+                if warnings._showwarnmsg_impl is reaching:
+                    warnings._showwarnmsg_impl = impl
+                if reached:
+                    note(msg, frame)
 
         showwarnmsg._megacache_watch = True  # type: ignore[attr-defined]
         PATCHES.replace(warnings, "_showwarnmsg", showwarnmsg,

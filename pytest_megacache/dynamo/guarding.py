@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
+import warnings
 from typing import Any, NamedTuple
 
 from .backends import wrapped_after_backend
@@ -96,7 +97,11 @@ def stored_with_proofs(state: Any, own: _Torch, manager: Any, builder: Any, sort
         state.refuse("unsupported_guard", f"{type(exc).__name__}: {exc}")
         raise own.package_error(f"{type(exc).__name__}: {exc}") from None
     try:
-        data = own.serialize(manager, builder, sorted_guards, output_graph)
+        # torch's serializer reads what it stores (a non-leaf tensor's ``.grad``, which warns): a warning that a run
+        # without reuse, which never serializes, never shows
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            data = own.serialize(manager, builder, sorted_guards, output_graph)
     except own.package_error as exc:
         state.refuse(reason_of(exc.__cause__) if exc.__cause__ else "unsupported_guard", str(exc))
         raise
