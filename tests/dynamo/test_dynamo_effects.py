@@ -100,6 +100,29 @@ def test_what_a_trace_added_to_torchs_counters_is_added_again() -> None:
     assert de.effects_of(None, table) is None  # a trace not seen: not stored
 
 
+def test_a_warning_hidden_while_traced_is_not_shown_again(probe: types.ModuleType) -> None:
+    """torch hides some of its own warnings while it traces behind a ``warnings.showwarning`` of its own
+    (``torch._logging.hide_warnings``, which passes on only what its filter keeps): one hidden so was never shown,
+    and is not noted to be shown again; one its filter passes on is."""
+    prior = warnings.showwarning
+
+    def hiding(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:  # as hide_warnings makes it
+        if "hidden" not in str(message):
+            prior(message, category, *args, **kwargs)
+
+    def under_hiding(text: str) -> Any:
+        def call() -> None:
+            warnings.showwarning = hiding
+            try:
+                probe.warns(UserWarning, text)
+            finally:
+                warnings.showwarning = prior
+        return call
+
+    trace = _traced(probe, under_hiding("hidden by torch"), under_hiding("passed on"))
+    assert trace.shown is not None and [w.message for w in _stored(de.effects_of(trace, {})).warnings] == ["passed on"]
+
+
 def test_a_warning_shown_while_traced_is_shown_again_as_it_was(probe: types.ModuleType) -> None:
     with warnings.catch_warnings(record=True) as original:
         warnings.simplefilter("always")
