@@ -11,6 +11,7 @@ ran that block with grad on. A graph whose code is not the same once loaded is n
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 from typing import Any
 
@@ -20,10 +21,6 @@ from torch._dynamo.precompile_context import BackendCacheArtifact, EagerCacheArt
 # Node metadata kept with a stored graph: where the user's code made each node. The rest holds the trace's own objects
 # (example inputs, real ones among them: a model's parameters, by weak reference), which a stored graph must not hold.
 KEPT_METADATA = frozenset({"stack_trace"})
-
-
-def _kept(key: str) -> bool:
-    return key in KEPT_METADATA
 
 
 def graph_loaded(data: bytes) -> Any:
@@ -41,7 +38,19 @@ def graph_bytes(gm: Any) -> bytes:
     """``gm`` stored node by node (see above); raises where it cannot be, or where what loads is not the same code."""
     from torch.fx._graph_pickler import GraphPickler, Options
 
-    data = GraphPickler.dumps(gm, Options(ops_filter=None, node_metadata_key_filter=_kept))
+    # every operation stored by name (torch's default keeps only aten's); the metadata kept stripped here, as torch's
+    # releases that have no option for it store all of it
+    names = {field.name for field in dataclasses.fields(Options)}
+    unset: dict[str, Any] = {name: None for name in ("ops_filter", "node_metadata_key_filter") if name in names}
+    options = Options(**unset)
+    metas = [(node, node.meta) for node in gm.graph.nodes]
+    try:
+        for node, meta in metas:
+            node.meta = {key: value for key, value in meta.items() if key in KEPT_METADATA}
+        data = GraphPickler.dumps(gm, options)
+    finally:
+        for node, meta in metas:
+            node.meta = meta
     if graph_loaded(data).code != gm.code:
         raise ValueError("the graph's code is not the same once loaded")
     return data
