@@ -271,9 +271,8 @@ def made_ready(code: Any, scope: dict[str, Any]) -> list[Any]:
     graphs of explain's recorder among them, in the order the code calls them (to hand to the recorder of the
     explanation taking the variant: ``handed``)."""
     explained = []
-    for name in getattr(code, "co_names", ()):
-        installed = scope.get(name) if isinstance(name, str) and name.startswith("__compiled_fn") else None
-        deferred = getattr(installed, "_torchdynamo_orig_callable", None)
+    for name in _graph_names(code):
+        deferred = getattr(scope.get(name), "_torchdynamo_orig_callable", None)
         if isinstance(deferred, Deferred):
             fn = deferred.ready()
             # an explain graph (eager.Explained), or one run with subclass dispatch off that wraps it
@@ -282,7 +281,11 @@ def made_ready(code: Any, scope: dict[str, Any]) -> list[Any]:
     return explained
 
 
+def _graph_names(code: Any) -> list[str]:
+    """The names of the compiled graphs ``code`` (a variant's output code) calls, in order (torch's ``__compiled_fn``)."""
+    return [name for name in getattr(code, "co_names", ()) if isinstance(name, str) and name.startswith("__compiled_fn")]
+
+
 def calls_graphs(code: Any) -> bool:
-    """Whether ``code`` (a variant's output code) calls a compiled graph (torch's ``__compiled_fn`` names): a frame
-    whose graph was empty calls none."""
-    return any(isinstance(name, str) and name.startswith("__compiled_fn") for name in getattr(code, "co_names", ()))
+    """Whether ``code`` (a variant's output code) calls a compiled graph: a frame whose graph was empty calls none."""
+    return bool(_graph_names(code))
