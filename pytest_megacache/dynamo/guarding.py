@@ -78,6 +78,42 @@ def guards_kept_whole(state: Any, torch: Any, guards: Any) -> None:
 
     PATCHES.replace(manager, "serialize_guards", serialize_guards,
                     "identity guards stored with their proofs; a frame that cannot be stored is left out, never failed")
+    pickler = getattr(guards, "GuardsStatePickler", None)
+    if pickler is not None and "reducer_override" in vars(pickler):
+        PATCHES.replace(pickler, "reducer_override", modules_set_plainly(pickler.reducer_override, torch.nn.Module),
+                        "a module whose class sets its own state is stored to be loaded as torch.nn.Module loads it")
+
+
+def modules_set_plainly(reducer_override: Any, module_type: Any) -> Any:
+    """torch's reducer of a guarded frame's objects, with a module whose class has its own ``__setstate__`` (and
+    ``torch.nn.Module``'s ``__getstate__``) stored to be set by ``torch.nn.Module.__setstate__``
+    (:func:`module_state_set`). torch stores only what the frame's guards read of a module (the rest a placeholder):
+    a library's ``__setstate__`` that reads the rest fails, and the state had to be loaded again by Python's own
+    unpickler (:func:`.repairs.guards_state_loaded`), tens of milliseconds a frame. Loaded so, the module's
+    ``__dict__`` is the traced one's, as that fallback makes it, in one pass of the C unpickler."""
+    reduce_ex, reduce = object.__reduce_ex__, object.__reduce__
+
+    @functools.wraps(reducer_override)
+    def reducer(self: Any, obj: Any) -> Any:
+        reduced = reducer_override(self, obj)
+        if reduced is not NotImplemented or not isinstance(obj, module_type):
+            return reduced
+        cls = type(obj)
+        # torch's own (Dynamo wraps it in place on the class: compared as it is now)
+        if cls.__setstate__ is module_type.__setstate__ or cls.__getstate__ is not module_type.__getstate__ \
+                or cls.__reduce_ex__ is not reduce_ex or cls.__reduce__ is not reduce:
+            return reduced
+        made, args, state, items, pairs = (*reduce_ex(obj, 2), None, None)[:5]
+        return made, args, state, items, pairs, module_state_set
+
+    return reducer
+
+
+def module_state_set(module: Any, state: Any) -> None:
+    """A stored module's state put in place by ``torch.nn.Module.__setstate__`` as it is where it is loaded."""
+    import torch
+
+    torch.nn.Module.__setstate__(module, state)
 
 
 def stored_with_proofs(state: Any, own: _Torch, manager: Any, builder: Any, sorted_guards: list[Any],

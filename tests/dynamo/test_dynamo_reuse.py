@@ -1377,6 +1377,40 @@ try:
     raise AssertionError("loaded")
 except pickle.UnpicklingError:
     pass
+
+# With reuse in place, torch's pickler of guard states stores such a module to be set as torch.nn.Module sets it:
+# it loads in one pass of pickle's own loader, its __dict__ the traced one's; torch's own pickler's does not.
+import collections
+import io
+
+from torch._dynamo.guards import GuardsStatePickler
+
+
+def guard_state(module):
+    buffer = io.BytesIO()
+    GuardsStatePickler({id(module): module}, {}, {}, buffer).dump(module)
+    return buffer.getvalue()
+
+
+module = Rebuilds()
+module.table = collections.UserDict(k=1)  # no guard reads it: torch stores a placeholder
+plain, setstate = torch.nn.Linear(2, 2), torch.nn.Module.__setstate__
+assert dynamo.install(".") is None
+stored = guard_state(module)
+torch.nn.Module.__setstate__ = lambda self, state: setstate(self, state)  # wrapped in place, as Dynamo does
+try:
+    assert b"module_state_set" in guard_state(module) and b"module_state_set" not in guard_state(plain)
+finally:
+    torch.nn.Module.__setstate__ = setstate
+assert dynamo.uninstall() > 0
+loaded = pickle.loads(stored)
+assert type(loaded) is Rebuilds and isinstance(loaded.table, _Missing) and isinstance(loaded.lin, _Missing)
+assert set(vars(loaded)) == set(vars(module)) - {"_compiled_call_impl"}
+try:
+    pickle.loads(guard_state(module))
+    raise AssertionError("the module's own __setstate__ ran past the placeholder")
+except AttributeError:
+    pass
 print("checked")
 """
 
