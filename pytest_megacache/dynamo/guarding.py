@@ -91,7 +91,8 @@ def modules_set_plainly(reducer_override: Any, module_type: Any) -> Any:
     a library's ``__setstate__`` that reads the rest fails, and the state had to be loaded again by Python's own
     unpickler (:func:`.repairs.guards_state_loaded`), tens of milliseconds a frame. Loaded so, the module's
     ``__dict__`` is the traced one's, as that fallback makes it, in one pass of the C unpickler."""
-    reduce_ex, reduce = object.__reduce_ex__, object.__reduce__
+    reduce_ex: Any = object.__reduce_ex__
+    reduce: Any = object.__reduce__
 
     @functools.wraps(reducer_override)
     def reducer(self: Any, obj: Any) -> Any:
@@ -113,7 +114,8 @@ def module_state_set(module: Any, state: Any) -> None:
     """A stored module's state put in place by ``torch.nn.Module.__setstate__`` as it is where it is loaded."""
     import torch
 
-    torch.nn.Module.__setstate__(module, state)
+    setstate: Any = torch.nn.Module.__setstate__
+    setstate(module, state)
 
 
 def stored_with_proofs(state: Any, own: _Torch, manager: Any, builder: Any, sorted_guards: list[Any],
