@@ -99,7 +99,7 @@ def modules_set_plainly(reducer_override: Any, module_type: Any) -> Any:
         reduced = reducer_override(self, obj)
         if reduced is not NotImplemented or not isinstance(obj, module_type):
             return reduced
-        cls = type(obj)
+        cls: Any = type(obj)
         # torch's own (Dynamo wraps it in place on the class: compared as it is now)
         if cls.__setstate__ is module_type.__setstate__ or cls.__getstate__ is not module_type.__getstate__ \
                 or cls.__reduce_ex__ is not reduce_ex or cls.__reduce__ is not reduce:
