@@ -138,12 +138,14 @@ class _Reuse:
 
             self.reasons[reason] = redact_cut(detail, 200)
 
-    def traced_for(self, reason: str) -> None:
-        """Name the frame being offered stored variants or traced with ``reason``, once (refused frames)."""
-        if self.frame is not None and len(self.frames) < MAX_FRAMES:
-            reasons = self.frames.setdefault(frame_label(self.frame, self.rootdir), [])
+    def traced_for(self, reason: str, code: Any = None) -> None:
+        """Name the frame being offered stored variants or traced with ``reason``, once (refused frames); or the
+        frame of ``code``, with ``reason`` first: why none of its variants can be taken where it is traced again."""
+        frame = self.frame if code is None else code
+        if frame is not None and len(self.frames) < MAX_FRAMES:
+            reasons = self.frames.setdefault(frame_label(frame, self.rootdir), [])
             if reason not in reasons:
-                reasons.append(reason)
+                reasons.insert(len(reasons) if code is None else 0, reason)
 
     def refuse_error(self, exc: BaseException) -> None:
         self.refuse(reason_of(exc), f"{type(exc).__name__}: {exc}")

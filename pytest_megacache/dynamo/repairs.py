@@ -229,9 +229,11 @@ def backendless_variants_dropped(package: Any, state: Any) -> None:
     if from_cache_entry is None:
         return
 
-    def dropped(count: int) -> None:
+    def dropped(code: Any, count: int) -> None:
         for _ in range(count):
             state.refuse("no_backend", NO_BACKEND)
+        # named where it is dropped: where it is traced again, it is offered only other compiles' variants, if any
+        state.traced_for("no_backend", code)
 
     @functools.wraps(from_cache_entry)
     def from_cache_entry_per_variant(cache_entry: Any, backends: Any, *args: Any, **kwargs: Any) -> Any:
@@ -249,13 +251,13 @@ NO_BACKEND = ("torch stored no compiled graph for it (a forward whose backward n
               "serialize: see torch's log)")
 
 
-def _without_backendless(cache_entry: Any, backends: Any, dropped: Callable[[int], None]) -> Any:
+def _without_backendless(cache_entry: Any, backends: Any, dropped: Callable[[Any, int], None]) -> Any:
     codes, changed = [], False
     for code in cache_entry.codes:
         missing = {backend for backend in code.backend_ids if backend not in backends}
         if missing and not code.bypassed:
             kept = [variant for variant in code.guarded_codes if not _names(variant.dynamo_code) & missing]
-            dropped(len(code.guarded_codes) - len(kept))
+            dropped(code.python_code, len(code.guarded_codes) - len(kept))
             # a code left with none is bypassed as torch would, without the variants (their guards name addresses
             # of this process: written, the entry would be new in every run)
             code = dataclasses.replace(code, guarded_codes=kept, bypassed=not kept,

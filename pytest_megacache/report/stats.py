@@ -208,8 +208,7 @@ class TorchStats:
                 self.counters[name] = self.counters.get(name, 0) + n - before.get(name, 0)
         for reason, detail in dynamo.refusal_reasons().items():
             self.dynamo_refusals.setdefault(reason, detail)
-        for frame, reason in dynamo.refused_frames().items():
-            self.dynamo_refused_frames.setdefault(frame, reason)
+        self.dynamo_refused_frames.update(dynamo.refused_frames())  # this process's, each frame's reasons now
 
     def count_use(self, cold: Mapping[tuple[str, str], float], restored: set[tuple[str, str]],
                   ident: Callable[[str], tuple[str, str]], installed: Iterable[tuple[str, str]],

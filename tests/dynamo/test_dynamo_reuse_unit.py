@@ -1002,6 +1002,7 @@ def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_wri
         guarded_codes: list[Variant]
         backend_ids: list[str]
         bypassed: bool = False
+        python_code: str = "the frame's code"
 
     @dataclasses.dataclass
     class Entry:
@@ -1011,10 +1012,17 @@ def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_wri
     complete, backendless, inner = (Variant(b"a", Code(("__compiled_fn_1", "torch"))),
                                     Variant(b"b", Code(("__compiled_fn_2",))), Variant(b"c", Code(("x",), (nested,))))
     main = CodeEntry([complete, backendless, inner], ["__compiled_fn_1", "__compiled_fn_2", "__compiled_fn_3"])
-    alone = CodeEntry([backendless], ["__compiled_fn_2"])
+    alone = CodeEntry([backendless], ["__compiled_fn_2"], python_code="another frame's code")
     entry = Entry([main, alone])
     counted: list[int] = []
-    kept = dynamo_repairs._without_backendless(entry, {"__compiled_fn_1": object()}, counted.append)
+    named: list[str] = []
+
+    def dropped(code: str, count: int) -> None:
+        named.append(code)
+        counted.append(count)
+
+    kept = dynamo_repairs._without_backendless(entry, {"__compiled_fn_1": object()}, dropped)
+    assert named == ["the frame's code", "another frame's code"]  # each frame whose variants are left out is named
     assert kept.codes[0].guarded_codes == [complete] and kept.codes[0].backend_ids == ["__compiled_fn_1"]
     assert counted == [2, 1]  # each variant left out is counted, those of a code torch then bypasses too
     # nothing left of it: bypassed, as torch would, and written without the variants (stable from run to run)
@@ -1022,8 +1030,8 @@ def test_only_the_variants_calling_a_missing_backend_are_left_out_of_what_is_wri
     assert alone.guarded_codes == [backendless] and not alone.bypassed
     assert main.guarded_codes == [complete, backendless, inner]  # what the process recorded is left as it was
     every = {f"__compiled_fn_{i}": 0 for i in (1, 2, 3)}
-    assert dynamo_repairs._without_backendless(entry, every, counted.append) is entry
-    assert counted == [2, 1]  # nothing left out, nothing counted
+    assert dynamo_repairs._without_backendless(entry, every, dropped) is entry
+    assert counted == [2, 1] and len(named) == 2  # nothing left out, nothing counted or named
 
 
 def test_a_warning_shown_while_the_backend_compiles_the_graph_is_not_the_frames(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1148,15 +1156,21 @@ def test_entries_refused_while_torch_writes_them_count_in_the_sessions_figures(m
     state = dr._Reuse("/")
     monkeypatch.setattr(dr, "_STATE", state)
     monkeypatch.setattr(state, "count", lambda name: None)  # torch's counters: read from torch below
+    code = _function("def forward(x):\n    return x\n", "forward", "/m.py").__code__
+    state.frame = code
+    state.refuse("context_changed", "only another compile's variants")
+    state.frame = None
     stats = TorchStats(counters={"dynamo_refused_unpicklable": 1, "fxgraph_cache_hit": 3},
-                       dynamo_refusals={"side_effect": "a warning"})
+                       dynamo_refusals={"side_effect": "a warning"}, dynamo_refused_frames=dr.refused_frames())
     state.refuse("unpicklable", "TypeError: cannot pickle 'module' object")
     state.refuse("side_effect", "another warning")
+    state.traced_for("no_backend", code)  # its variant of this compile left out as torch writes it
     stats.saved({"dynamo_refused_unpicklable": 0, "fxgraph_cache_hit": 3},
                 {"dynamo_refused_unpicklable": 2, "fxgraph_cache_hit": 5})
     assert stats.counters == {"dynamo_refused_unpicklable": 3, "fxgraph_cache_hit": 3}  # only Dynamo reuse's own
-    assert stats.dynamo_refusals == {"side_effect": "a warning",
+    assert stats.dynamo_refusals == {"side_effect": "a warning", "context_changed": "only another compile's variants",
                                      "unpicklable": "TypeError: cannot pickle 'module' object"}
+    assert stats.dynamo_refused_frames == {"forward (m.py:1)": "no_backend, context_changed"}
 
 
 def test_each_frame_left_traced_is_named_with_its_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1173,8 +1187,12 @@ def test_each_frame_left_traced_is_named_with_its_reasons(monkeypatch: pytest.Mo
         state.refuse(reason, "detail")
     state.frame = _function("def conv(x):\n    return x\n", "conv", "/opt/venv/lib/python3.11/site-packages/lib/c.py").__code__
     state.traced_for("none stored")
+    conv = state.frame
+    state.frame = None  # a session's end: no frame is being traced; the variant of conv written without its backend
+    state.traced_for("no_backend", conv)
+    state.refuse("no_backend", "detail")
     assert dr.refused_frames() == {"forward (src/model.py:1)": "unsupported_backend, torch_error",
-                                   "conv (lib/c.py:1)": "none stored"}
+                                   "conv (lib/c.py:1)": "no_backend, none stored"}
     stats = TorchStats(dynamo_refused_frames={"forward (src/model.py:1)": "torch_error"})
     stats.add({"dynamo_refused_frames": {"step (train.py:3)": "side_effect"}})
     assert stats.dynamo_refused_frames == {"forward (src/model.py:1)": "torch_error", "step (train.py:3)": "side_effect"}
