@@ -668,6 +668,7 @@ def test_a_non_leaf_input_shows_no_warning():  # torch's serializer of the guard
 
 def test_a_forward_whose_backward_never_runs():  # torch stores no compiled graph for it
     x = X.clone().requires_grad_()
+    assert torch._dynamo.explain(edits.forward_only)(x).graph_count == 1  # its explanation's variant is stored
     same(torch.compile(edits.forward_only), edits.forward_only, x)
 
 
@@ -1094,14 +1095,21 @@ class TestDynamoReuse:
     def test_a_frame_torch_stored_no_graph_for_is_counted_and_traced(self, reuse_chain: ReuseChain) -> None:
         """A forward whose inputs require grad, in a test that never calls backward: torch stores its AOTAutograd
         entry only once the backward is compiled, so the frame has no stored graph; its variant is left out of what is
-        written, counted with the reason, and the frame is traced in every run."""
+        written, counted with the reason, and the frame is traced in every run, named so. An explanation of it before
+        stored its own variant, taken warm: the entry, adding nothing warm, is not written again."""
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
         test = "test_a_forward_whose_backward_never_runs"
-        assert (_compiles(cold, test), _compiles(warm, test)) == (1, 1)
+        assert (_compiles(cold, test), _compiles(warm, test)) == (2, 1)
         for run in (cold, warm):
             assert _counters(run)["dynamo_refused_no_backend"] >= 1, _counters(run)
             assert run.report is not None
             assert "no compiled graph" in run.report["torch"]["dynamo_refusals"]["no_backend"], run.report["torch"]
+        assert warm.report is not None
+        reasons = [why for frame, why in warm.report["torch"]["dynamo_refused_frames"].items()
+                   if frame.startswith("forward_only ")]
+        assert reasons == ["no_backend, context_changed"], warm.report["torch"]["dynamo_refused_frames"]
+        stored = _copies(reuse_chain.after_cold, b"forward_only")
+        assert len(stored) == 1 and _copies(reuse_chain.stored_precompile(), b"forward_only") == stored
 
     def test_by_default_a_backend_of_the_suites_own_is_called_in_every_run(self, reuse_chain: ReuseChain) -> None:
         """On by default, reuse covers torch's own backends only: a named function of the suite's own may count or
