@@ -273,11 +273,29 @@ def _traced(state: Any, own: _Torch, compile_fn: Any, signature: inspect.Signatu
             again = signature.bind(*args, **kwargs)
             again.arguments["package"] = None
             return compile_fn(*again.args, **again.kwargs)
+        except Exception as exc:
+            skipped(state, bound.get("code") if key is not None else None, exc)
+            raise
     finally:
         state.contexts.pop()
         if key is not None:
             state.traces.pop(key, None)
         state.retraced, state.frame = outer, outer_frame
+
+
+def skipped(state: Any, code: Any, exc: BaseException) -> None:
+    """A frame Dynamo gives up on (a graph break it cannot resume from, inside a loop say) runs as Python runs it, and
+    no variant of it is stored: it is traced again in every process. Where the frame was named already for its
+    stored variants' refusal (another compile's only, say), that is said first (``skipped by torch``)."""
+    try:
+        from . import frame_label
+
+        gives_up = any(cls.__module__ == "torch._dynamo.exc" and cls.__name__ in ("Unsupported", "SkipFrame")
+                       for cls in type(exc).__mro__)
+        if code is not None and gives_up and frame_label(code, state.rootdir) in state.frames:
+            state.traced_for("skipped by torch", code)
+    except Exception:  # noqa: BLE001 - naming never changes what torch does with the frame
+        pass
 
 
 def _build(state: Any, own: _Torch, offer: Offer) -> Any:

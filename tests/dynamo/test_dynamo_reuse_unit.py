@@ -1193,6 +1193,15 @@ def test_each_frame_left_traced_is_named_with_its_reasons(monkeypatch: pytest.Mo
     state.refuse("no_backend", "detail")
     assert dr.refused_frames() == {"forward (src/model.py:1)": "unsupported_backend, torch_error",
                                    "conv (lib/c.py:1)": "no_backend, none stored"}
+    # Dynamo gives up on a frame named already (a graph break in a loop): said first; another error, or a frame not
+    # named, leaves the names as they are
+    unsupported = type("Unsupported", (Exception,), {"__module__": "torch._dynamo.exc"})
+    skip = type("SkipFrame", (unsupported,), {"__module__": "torch._dynamo.exc"})
+    dynamo_offers.skipped(state, conv, RuntimeError("the backend failed"))
+    dynamo_offers.skipped(state, _function("def other(x):\n    return x\n", "other", "/ci/repo/o.py").__code__, skip())
+    assert dr.refused_frames()["conv (lib/c.py:1)"] == "no_backend, none stored" and len(dr.refused_frames()) == 2
+    dynamo_offers.skipped(state, conv, skip())
+    assert dr.refused_frames()["conv (lib/c.py:1)"] == "skipped by torch, no_backend, none stored"
     stats = TorchStats(dynamo_refused_frames={"forward (src/model.py:1)": "torch_error"})
     stats.add({"dynamo_refused_frames": {"step (train.py:3)": "side_effect"}})
     assert stats.dynamo_refused_frames == {"forward (src/model.py:1)": "torch_error", "step (train.py:3)": "side_effect"}
