@@ -269,7 +269,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
                 return
             if not any(code.guarded_codes for code in enterable_codes(codes)):
                 return  # no variant a later process could take (every one refused here): its backends alone
-            if entry_signature(entry.dynamo) == state.loaded_as.get(path, ()):
+            signature = entry_signature(entry.dynamo)
+            if signature is not None and signature == state.loaded_as.get(path):
                 return  # what the stored entry held, once the variants without their graphs are left out
             # (an entry as it was installed never comes here: backends_recorded_where_written)
             write(repairs.module_texts_left_out(entry), path)

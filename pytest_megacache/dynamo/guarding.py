@@ -105,6 +105,8 @@ def modules_set_plainly(reducer_override: Any, module_type: Any) -> Any:
                 or cls.__reduce_ex__ is not reduce_ex or cls.__reduce__ is not reduce:
             return reduced
         made, args, state, items, pairs = (*reduce_ex(obj, 2), None, None)[:5]
+        if type(state) is not dict:  # slots too: as torch stores it
+            return reduced
         return made, args, state, items, pairs, module_state_set
 
     return reducer
