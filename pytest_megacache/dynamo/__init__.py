@@ -52,7 +52,7 @@ from .backends import (
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, watch_warnings
 from .ledger import cost_seconds, cost_spans, offered_seconds, spared_seconds
-from .merge import enterable_codes, entry_signature, merged_copies, packages_merged
+from .merge import enterable_codes, holds_what_was_installed, merged_copies, packages_merged
 from .merge import unchanged_since_installed as unchanged
 from .objects import importable
 from .offers import NEW, Offers, offers_kept
@@ -269,8 +269,7 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
                 return
             if not any(code.guarded_codes for code in enterable_codes(codes)):
                 return  # no variant a later process could take (every one refused here): its backends alone
-            signature = entry_signature(entry.dynamo)
-            if signature is not None and signature == state.loaded_as.get(path):
+            if holds_what_was_installed(state, path, entry.dynamo):
                 return  # what the stored entry held, once the variants without their graphs are left out
             # (an entry as it was installed never comes here: backends_recorded_where_written)
             write(repairs.module_texts_left_out(entry), path)

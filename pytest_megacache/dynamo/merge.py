@@ -194,7 +194,13 @@ def unchanged_since_installed(state: Any, entry: Any) -> bool:
     from torch._dynamo.precompile_context import PrecompileContext
 
     key = next((k for k, e in PrecompileContext._dynamo_cache_entries.items() if e is entry), None)
-    stored = state.loaded_as.get(key) if key is not None else None
+    return key is not None and holds_what_was_installed(state, key, entry)
+
+
+def holds_what_was_installed(state: Any, key: str, entry: Any) -> bool:
+    """Whether ``entry`` (a dynamo cache entry) holds what the stored entry of ``key`` held when it was installed in
+    this process (``state.loaded_as``); False where either cannot be read."""
+    stored = state.loaded_as.get(key)
     return stored is not None and entry_signature(entry) == stored
 
 
