@@ -51,7 +51,7 @@ from .backends import (
 )
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, watch_warnings
-from .ledger import cost_seconds, cost_spans, offered_seconds, spared_seconds
+from .ledger import cost_seconds, cost_spans, offered_seconds, spared_seconds, spared_tracing_seconds
 from .merge import enterable_codes, holds_what_was_installed, merged_copies, packages_merged
 from .merge import unchanged_since_installed as unchanged
 from .objects import importable
@@ -69,7 +69,7 @@ from .shapes import watch_shapes
 
 __all__ = ["CHECKED_RELEASES", "COUNTERS", "MERGED_RELEASES", "before_first_load", "cost_seconds", "cost_spans",
            "final_release", "install", "merged_copies", "offered_seconds", "refusal_reasons", "refused_frames", "release_checked",
-           "set_test", "spared_seconds", "uninstall", "used_entries"]
+           "set_test", "spared_seconds", "spared_tracing_seconds", "uninstall", "used_entries"]
 
 COUNTER_GROUP = "dynamo_reuse"
 MAX_FRAMES = 200  # frames named with their refusal in a report

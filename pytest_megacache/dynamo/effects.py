@@ -84,9 +84,9 @@ NO_EFFECTS = Effects()
 class Trace:
     """One frame being traced (of ``code``): torch's counters before it, the warnings shown so far (None once one
     was shown that could not be shown again), the notes it made of its inputs' shapes (None once one could not be
-    recorded: :mod:`.shapes`) and when its trace started."""
+    recorded: :mod:`.shapes`), when its trace started and the seconds torch's backends had compiled by then."""
 
-    __slots__ = ("before", "code", "shapes", "shown", "started")
+    __slots__ = ("before", "code", "compiled", "shapes", "shown", "started")
 
     def __init__(self, table: Mapping[str, Mapping[str, int]], code: Any = None) -> None:
         self.before = counted(table)
@@ -94,6 +94,22 @@ class Trace:
         self.shown: list[Shown] | None = []
         self.shapes: list[list[Any]] | None = []
         self.started = time.perf_counter()
+        self.compiled = backend_seconds()
+
+    def traced_seconds(self) -> float | None:
+        """The seconds since the trace started less those torch's backends compiled in them (None where torch's
+        record of them was cleared in between)."""
+        compiled = backend_seconds() - self.compiled
+        return max(0.0, time.perf_counter() - self.started - compiled) if compiled >= 0 else None
+
+
+def backend_seconds() -> float:
+    """The seconds torch's backends compiled in this process (Dynamo's record of its calls of them; 0 before
+    Dynamo is imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    metrics = getattr(utils, "compilation_time_metrics", None)
+    times = metrics.get("OutputGraph.call_user_compiler") if isinstance(metrics, dict) else None
+    return float(sum(times)) if isinstance(times, list) else 0.0
 
 
 def counted(table: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:

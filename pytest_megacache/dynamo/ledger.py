@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-__all__ = ["LEDGER", "Ledger", "cost_seconds", "cost_spans", "offered_seconds", "spared_seconds"]
+__all__ = ["LEDGER", "Ledger", "cost_seconds", "cost_spans", "offered_seconds", "spared_seconds", "spared_tracing_seconds"]
 
 
 class Ledger:
@@ -27,6 +27,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self.spared = 0.0
+        self.spared_tracing = 0.0  # of spared, what the variants' traces took without their backends' compiles
         self.offered = 0.0
         self.spans: list[tuple[float, float]] = []  # (start, end), perf_counter: loading and installing, outside offers
         self._inside = threading.local()  # an offer or a span under way on this thread: nested time is counted once
@@ -69,6 +70,12 @@ def spared_seconds() -> float:
     """The seconds the stored variants taken in this process took to trace and compile where they were traced (as
     each recorded it): the compiling they spared here."""
     return LEDGER.spared
+
+
+def spared_tracing_seconds() -> float:
+    """Of :func:`spared_seconds`, what the variants' traces took without their backends' compiles (as those variants
+    recorded it that did): what a run without reuse spends again, whose backends hit torch's caches."""
+    return LEDGER.spared_tracing
 
 
 def offered_seconds() -> float:

@@ -55,16 +55,18 @@ class Offer:
     """One stored compiled variant of one code object, from the package whose install put its globals in place."""
 
     __slots__ = ("code", "context", "digest", "dynamo_code", "effects", "failed", "origin", "package", "prepared",
-                 "proofs", "scope", "seconds", "stored")
+                 "proofs", "scope", "seconds", "stored", "traced")
 
     def __init__(self, code: Any, dynamo_code: Any, stored: bytes, scope: dict[str, Any],
                  proofs: list[dict[str, Any]], context: str, package: Any, digest: str,
-                 origin: tuple[str, bool] = ("", False), effects: Effects = NO_EFFECTS, seconds: float = 0.0) -> None:
+                 origin: tuple[str, bool] = ("", False), effects: Effects = NO_EFFECTS, seconds: float = 0.0,
+                 traced: float = 0.0) -> None:
         self.code, self.dynamo_code, self.stored, self.scope = code, dynamo_code, stored, scope
         self.proofs, self.context, self.package = proofs, context, package
         self.origin = origin  # the tag of the test it was traced in, and whether it replaced one passed over there
         self.effects = effects  # what its trace did that a test can see, done again where it is taken
         self.seconds = seconds  # what its trace and compile took where it was traced: spared where it is taken
+        self.traced = traced  # of those, what its backend's compile did not take: spared against a run without reuse
         self.digest = digest  # of the variant's stored guards (proofs, context and torch's guard state): the variant
         self.failed: Exception | None = None  # why torch could not load it (not tried again)
         self.prepared = Prepared(code, scope)
@@ -389,6 +391,7 @@ def _taken(state: Any, own: _Torch, offer: Offer, manager: Any, args: dict[str, 
         export_guards(guards)
     state.taken.add(offer.digest)
     LEDGER.spared += offer.seconds
+    LEDGER.spared_tracing += offer.traced
     state.count("dynamo_frames_reused")
     # what torch notes of a frame it traced: its output code's origin (read where a later call of it recompiles) and
     # the code to reset with Dynamo's caches
@@ -455,7 +458,7 @@ def offers_kept(state: Any, torch: Any, package: Any, guards: Any, bytecode_tran
             raise Refused("unsupported_guard", "guards loaded without the plugin's proofs")
         stored, digest, _ = pending
         return Offer(target_code, None, stored.guards_state, runtime_global_scope, stored.proofs, stored.context,
-                     state.installing, digest, stored.origin, stored.effects, stored.seconds)
+                     state.installing, digest, stored.origin, stored.effects, stored.seconds, stored.traced)
 
     PATCHES.replace(package, "load_guard_manager", load_guard_manager_deferred,
                     "each stored variant kept as an offer, its guards built where Dynamo is about to trace its code")

@@ -39,7 +39,9 @@ _MAGIC = b"megacache-guards-5\n"
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created at run time (a class statement), not defined in C
 _ID_PREFIX = b"pytest-megacache dynamo entry 4\0"
 MAX_SECONDS = 86_400.0  # what a stored variant may say its trace took (an unverified input when read)
-_SECONDS_TAIL = re.compile(rb',"seconds":[0-9.eE+\-]+}')  # pack_guards's last key, and the header's end
+# pack_guards's last keys (the seconds, and those of them its trace took without its backend's compile), and the
+# header's end
+_SECONDS_TAIL = re.compile(rb',"seconds":[0-9.eE+\-]+(?:,"traced":[0-9.eE+\-]+)?}')
 
 
 def relative_file(filename: str, rootdir: str) -> str:
@@ -127,24 +129,28 @@ class Stored(NamedTuple):
     seconds: float  # what its trace and compile took where it was traced
     # the modules whose functions its trace inlined or imported (None: not recorded, so any of the entry's)
     modules: frozenset[str] | None = None
+    traced: float = 0.0  # what its trace took without its backend's compile (0 where not recorded)
 
 
 def pack_guards(proofs: list[dict[str, Any]], context: str, guards_state: bytes, test: str = "",
                 retraced: bool = False, effects: dict[str, Any] | None = None, seconds: float | None = None,
-                modules: list[str] | None = None) -> bytes:
+                modules: list[str] | None = None, traced: float | None = None) -> bytes:
     """torch's guard state with the proofs of its identity guards, the digest of the context it was compiled in
     (:func:`pytest_megacache.dynamo.context.compile_context`), the tag of the test it was traced in
     (:func:`tag_of_test`; empty outside a test), whether it was traced in place of a stored variant of that test that
     was passed over (``retraced``: :func:`pytest_megacache.dynamo.offers.superseded`), what its trace did that a
     test can see (``effects``: :func:`pytest_megacache.dynamo.effects.effects_of`), the modules whose functions it
     inlined or imported (``modules``: a stored entry's variants are taken without those that need a module not there
-    yet) and the seconds its trace and compile took (``seconds``: what a later run that takes it is spared; not part
-    of the variant's identity, :func:`guards_digest`)."""
+    yet), the seconds its trace and compile took (``seconds``: what a later run that takes it is spared) and those of
+    them that its backend's compile did not take (``traced``: what a run without reuse, whose backend hits torch's
+    caches, spends again; neither is part of the variant's identity, :func:`guards_digest`)."""
     fields: dict[str, Any] = {"proofs": proofs, "context": context, **({"test": test} if test else {}),
                               **({"retraced": True} if retraced else {}), **({"effects": effects} if effects else {}),
                               **({"modules": sorted(modules)} if modules is not None else {})}
     if seconds is not None and math.isfinite(seconds) and seconds >= 0:
         fields["seconds"] = round(min(seconds, MAX_SECONDS), 3)  # last: guards_digest leaves it out
+        if traced is not None and math.isfinite(traced) and 0 <= traced <= seconds:
+            fields["traced"] = round(traced, 3)  # and this after it
     header = json.dumps(fields, separators=(",", ":")).encode()
     return _MAGIC + len(header).to_bytes(8, "big") + header + guards_state
 
@@ -157,7 +163,7 @@ def guards_digest(data: bytes) -> str:
 
 
 def _identity(data: bytes) -> bytes:
-    """``data`` as :func:`pack_guards` would have written it without the seconds: the header's last key, cut from its
+    """``data`` as :func:`pack_guards` would have written it without the seconds: the header's last keys, cut from its
     text (a JSON key's quotes are never escaped, and a nested one is followed by more than one brace), not parsed,
     since every variant's digest is taken wherever one is named."""
     start = len(_MAGIC) + 8
@@ -193,8 +199,9 @@ def reason_of(exc: BaseException) -> str:
 def unpack_guards(data: bytes) -> Stored:
     """The proofs, the compile context, torch's guard state, where the variant was traced (the tag of its test, ""
     where none was recorded, and whether it was traced in place of a variant of that test passed over there), what
-    its trace did that a test can see, the seconds it took (0 where none were recorded) and the modules it needs
-    (None where not recorded); raises :class:`Refused` for guards stored without proofs, or a malformed record."""
+    its trace did that a test can see, the seconds it took (0 where none were recorded), the modules it needs
+    (None where not recorded) and the seconds of its trace without its backend's compile (0 where not recorded);
+    raises :class:`Refused` for guards stored without proofs, or a malformed record."""
     if not isinstance(data, (bytes, bytearray)) or not bytes(data[:len(_MAGIC)]) == _MAGIC:
         raise Refused("unsupported_guard", "guards stored without the plugin's proofs")
     start = len(_MAGIC) + 8
@@ -209,7 +216,9 @@ def unpack_guards(data: bytes) -> Stored:
     origin = (test if isinstance(test, str) else "", header.get("retraced") is True)
     seconds = header.get("seconds")
     ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds <= MAX_SECONDS
+    traced = header.get("traced")
+    traced_ok = ok and isinstance(traced, (int, float)) and not isinstance(traced, bool) and 0 <= traced <= seconds
     modules = header.get("modules")
     needs = frozenset(modules) if isinstance(modules, list) and all(isinstance(m, str) for m in modules) else None
     return Stored(proofs, context, bytes(data[start + size:]), origin, read_effects(header.get("effects")),
-                  float(seconds) if ok else 0.0, needs)
+                  float(seconds) if ok else 0.0, needs, float(traced) if traced_ok else 0.0)

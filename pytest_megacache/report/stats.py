@@ -162,6 +162,9 @@ class TorchStats:
     # Dynamo reuse: what the stored Dynamo variants taken in this process took to trace and compile where
     # they were traced (part of seconds_saved)
     dynamo_spared: float = 0.0
+    # of those, what their traces took without their backends' compiles, where the variants recorded it: what a run
+    # without reuse, whose backends hit torch's caches, spends again
+    dynamo_tracing_spared: float = 0.0
     # and what reuse itself cost them (offering, loading, installing: dynamo.cost_seconds), taken off seconds_saved
     dynamo_cost: float = 0.0
     layers: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> restored/used/new
@@ -196,6 +199,7 @@ class TorchStats:
                    isa_checks={k: v for k, v in isaprobe.counts().items() if v},
                    dynamo_refusals=dynamo.refusal_reasons(), dynamo_refused_frames=dynamo.refused_frames(),
                    dynamo_spared=round(max(0.0, dynamo.spared_seconds() - adapter.spared_before), 3),
+                   dynamo_tracing_spared=round(max(0.0, dynamo.spared_tracing_seconds() - adapter.tracing_before), 3),
                    dynamo_cost=round(max(0.0, dynamo.cost_seconds() - adapter.cost_before), 3))
 
     def saved(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
@@ -241,6 +245,7 @@ class TorchStats:
         self.compiles += int(other.get("compiles", 0))
         self.compile_seconds += float(other.get("compile_seconds", 0.0))
         self.dynamo_spared = round(self.dynamo_spared + float(other.get("dynamo_spared", 0.0)), 3)
+        self.dynamo_tracing_spared = round(self.dynamo_tracing_spared + float(other.get("dynamo_tracing_spared", 0.0)), 3)
         self.dynamo_cost = round(self.dynamo_cost + float(other.get("dynamo_cost", 0.0)), 3)
         for k, v in dict(other.get("counters", {})).items():
             self.counters[str(k)] = self.counters.get(str(k), 0) + int(v)

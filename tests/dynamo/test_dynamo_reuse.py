@@ -1187,7 +1187,7 @@ class TestDynamoReuse:
 
     def test_the_seconds_saved_count_the_dynamo_entries_taken(self, reuse_chain: ReuseChain) -> None:
         """Each stored variant carries what its trace and compile took (written at the session's end, outside any
-        test, a Dynamo entry has no test to take a share of): a warm session counts saved what the variants it takes
+        test, a Dynamo entry has no test to take a share of), and the part its trace alone took: a warm session counts saved what the variants it takes
         took cold less what reuse itself cost, and for the frames it traces again the backend's part of their graphs'
         hits less what those tests still spent in the backend. So the figure stays near what the warm run really
         spent less, and never claims reuse's own time as saved."""
@@ -1201,6 +1201,9 @@ class TestDynamoReuse:
         variants = [dp.unpack_guards(entry.data[at:]) for _path, _header, entries in objects for entry in entries
                     if entry.kind == "torch/precompile" for at in _starts(entry.data, b"megacache-guards-")]
         assert len(variants) >= 10 and sum(v.seconds > 0 for v in variants) >= 10, [v.seconds for v in variants]
+        # each with the part of its trace that its backend's compile did not take: less than the whole where Inductor
+        # compiled it
+        assert sum(0 < v.traced < v.seconds for v in variants) >= 10, [(v.traced, v.seconds) for v in variants]
         # against torch's own records of its frames' compiles (the project's conftest), not the plugin's: what the warm
         # run compiled less than the cold one, less what reuse itself cost it (offering, loading, installing: not
         # compiling), within what two runs' timings of one machine allow (a variant's seconds are timed inside torch's
@@ -1210,6 +1213,7 @@ class TestDynamoReuse:
         saved, taken, cost = torch_report["seconds_saved"], torch_report["dynamo_spared"], torch_report["dynamo_cost"]
         spared = cold_seconds - warm.counters["compile_seconds"] - cost
         assert spared > 0 and taken > 0 and 0 < cost < taken, (taken, cost)
+        assert 0 < torch_report["dynamo_tracing_spared"] < taken, torch_report  # the traces alone: part of it
         assert 0.8 * spared <= saved <= 1.15 * spared + 0.1, (saved, taken, cost, spared, cold_seconds)
         # taking the stored variants is a phase of its own, not the tests' time (cold: only looking for none)
         [cold_times], [warm_times] = ([p for p in run.report["processes"] if p["process"] == "main"] for run in (cold, warm))

@@ -13,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 import types
 from typing import Any, NamedTuple
 
@@ -189,7 +190,7 @@ def test_guards_travel_with_their_proofs_and_without_them_are_refused() -> None:
     proofs = [{"path": [["global", "math"]], "is": ["module", "math"]}]
     packed = dp.pack_guards(proofs, "a context", b"torch's pickle")
     assert dp.unpack_guards(packed) == (proofs, "a context", b"torch's pickle", ("", False), dynamo_effects.Effects(), 0.0,
-                                        None)
+                                        None, 0.0)
     # the modules a variant needs (those whose functions its trace inlined or imported) travel with it
     needs = dp.pack_guards(proofs, "a context", b"torch's pickle", modules=["pkg.generated", "math"])
     assert dp.unpack_guards(needs).modules == frozenset({"pkg.generated", "math"})
@@ -1329,6 +1330,34 @@ def test_a_variant_keeps_what_its_trace_took_outside_its_identity() -> None:
         forged = b"megacache-guards-5\n" + len(header).to_bytes(8, "big") + header + b"state"
         assert dp.unpack_guards(forged).seconds == 0.0 and dp.unpack_guards(forged).proofs == proofs, bad
     assert dp.pack_guards(proofs, "ctx", b"state", seconds=float("nan")) == dp.pack_guards(proofs, "ctx", b"state")
+    # and the seconds of its trace that its backend's compile did not take: after them, no part of the variant either
+    traced = dp.pack_guards(proofs, "ctx", b"state", "tag", seconds=2.0, traced=0.5)
+    assert (dp.unpack_guards(traced).seconds, dp.unpack_guards(traced).traced) == (2.0, 0.5)
+    assert dp.guards_digest(traced) == dp.guards_digest(plain) and dp.unpack_guards(timed).traced == 0.0
+    for seconds, part in ((1.0, 1.5), (1.0, -0.1), (None, 0.5), (1.0, float("inf"))):  # more than the whole, or alone
+        assert dp.unpack_guards(dp.pack_guards(proofs, "ctx", b"state", seconds=seconds, traced=part)).traced == 0.0
+    for bad in (b"-1", b"9", b'"1"', b"true"):  # more than the seconds (2.0) is read as none too
+        header = traced[magic + 8:-len(b"state")].replace(b'"traced":0.5', b'"traced":' + bad)
+        forged = b"megacache-guards-5\n" + len(header).to_bytes(8, "big") + header + b"state"
+        assert dp.unpack_guards(forged).traced == 0.0 and dp.unpack_guards(forged).seconds == 2.0, bad
+
+
+def test_a_trace_times_itself_without_its_backends_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace's own seconds are its time less what torch's backends compiled meanwhile (Dynamo's record of its
+    calls of them); none where that record was cleared in between (a reset)."""
+    effects = dynamo_effects
+    record: dict[str, list[float]] = {"OutputGraph.call_user_compiler": [5.0]}
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", types.SimpleNamespace(compilation_time_metrics=record))
+    trace = effects.Trace({})
+    assert trace.compiled == 5.0
+    time.sleep(0.05)
+    record["OutputGraph.call_user_compiler"].append(0.04)
+    own = trace.traced_seconds()
+    assert own is not None and 0.0 <= own <= time.perf_counter() - trace.started - 0.04
+    record["OutputGraph.call_user_compiler"].append(100.0)  # more than the trace's whole time: none of it its own
+    assert trace.traced_seconds() == 0.0
+    record.clear()
+    assert trace.traced_seconds() is None and effects.backend_seconds() == 0.0
 
 
 def test_a_frame_traced_while_its_stored_entry_waits_for_a_module_is_told_apart() -> None:
