@@ -1187,10 +1187,10 @@ class TestDynamoReuse:
 
     def test_the_seconds_saved_count_the_dynamo_entries_taken(self, reuse_chain: ReuseChain) -> None:
         """Each stored variant carries what its trace and compile took (written at the session's end, outside any
-        test, a Dynamo entry has no test to take a share of), and the part its trace alone took: a warm session counts saved what the variants it takes
-        took cold less what reuse itself cost, and for the frames it traces again the backend's part of their graphs'
-        hits less what those tests still spent in the backend. So the figure stays near what the warm run really
-        spent less, and never claims reuse's own time as saved."""
+        test, a Dynamo entry has no test to take a share of), and the part its trace alone took: a warm session
+        counts saved what the variants it takes took cold less what reuse itself cost, and for the frames it traces
+        again the backend's part of their graphs' hits less what those tests still spent in the backend. So the
+        figure stays near what the warm run really spent less, and never claims reuse's own time as saved."""
         from pytest_megacache.dynamo import proofs as dp
 
         cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
