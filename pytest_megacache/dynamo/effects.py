@@ -96,11 +96,11 @@ class Trace:
         self.started = time.perf_counter()
         self.compiled = backend_seconds()
 
-    def traced_seconds(self) -> float | None:
-        """The seconds since the trace started less those torch's backends compiled in them (None where torch's
-        record of them was cleared in between)."""
+    def traced_seconds(self, seconds: float) -> float | None:
+        """Of ``seconds``, the time since the trace started, those torch's backends did not compile in (None where
+        torch's record of them was cleared in between)."""
         compiled = backend_seconds() - self.compiled
-        return max(0.0, time.perf_counter() - self.started - compiled) if compiled >= 0 else None
+        return max(0.0, seconds - compiled) if compiled >= 0 else None
 
 
 def backend_seconds() -> float:

@@ -151,8 +151,10 @@ def stored_with_proofs(state: Any, own: _Torch, manager: Any, builder: Any, sort
         state.refuse(reason, f"{type(exc).__name__}: {exc}")
         raise own.package_error(f"{type(exc).__name__}: {exc}") from None
     state.count("dynamo_stored")
-    seconds = time.perf_counter() - trace.started if trace is not None else None  # the guards are built last
-    traced = trace.traced_seconds() if trace is not None else None
+    seconds = traced = None
+    if trace is not None:
+        seconds = time.perf_counter() - trace.started  # the guards are built last
+        traced = trace.traced_seconds(seconds)  # of those, the trace's own: never more than the whole
     packed = pack_guards(proofs, str(context), data, state.test, state.retraced != NEW, effects, seconds,
                          modules_needed(output_graph), traced)
     if state.retraced == UNSTABLE:
