@@ -101,6 +101,7 @@ class TorchAdapter:
         # this process's, since an earlier session in it (pytester)
         self.spared_before, self.cost_before = dynamo.spared_seconds(), dynamo.cost_seconds()
         self.tracing_before = dynamo.spared_tracing_seconds()
+        self.completing_before = dynamo.completing_seconds()
         self.metrics_kept = False  # torch keeps per-frame metrics (absorb_metrics read them)
         # torch's own split of the compile seconds (its per-frame compilation metrics), summed as they come
         self.split = {"dynamo": 0.0, "backend": 0.0, "backward": 0.0}

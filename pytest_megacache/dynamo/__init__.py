@@ -41,6 +41,7 @@ like torch's) say what was reused, traced, stored and refused, and why.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 from . import repairs
@@ -49,9 +50,10 @@ from .backends import (
     backends_recorded_where_written,
     eager_graphs_stored,
 )
+from .backwards import lazy_backwards_recorded
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, watch_warnings
-from .ledger import cost_seconds, cost_spans, offered_seconds, spared_seconds, spared_tracing_seconds
+from .ledger import completing_seconds, cost_seconds, cost_spans, offered_seconds, spared_seconds, spared_tracing_seconds
 from .merge import enterable_codes, holds_what_was_installed, merged_copies, packages_merged
 from .merge import unchanged_since_installed as unchanged
 from .objects import importable
@@ -67,16 +69,17 @@ from .proofs import (
 from .releases import CHECKED_RELEASES, MERGED_RELEASES, final_release, release_checked
 from .shapes import watch_shapes
 
-__all__ = ["CHECKED_RELEASES", "COUNTERS", "MERGED_RELEASES", "before_first_load", "cost_seconds", "cost_spans",
-           "final_release", "install", "merged_copies", "offered_seconds", "refusal_reasons", "refused_frames", "release_checked",
-           "set_test", "spared_seconds", "spared_tracing_seconds", "uninstall", "used_entries"]
+__all__ = ["CHECKED_RELEASES", "COUNTERS", "MERGED_RELEASES", "before_first_load", "completing_seconds",
+           "cost_seconds", "cost_spans", "final_release", "install", "merged_copies", "offered_seconds", "refusal_reasons",
+           "refused_frames", "release_checked", "set_test", "spared_seconds", "spared_tracing_seconds", "uninstall",
+           "used_entries"]
 
 COUNTER_GROUP = "dynamo_reuse"
 MAX_FRAMES = 200  # frames named with their refusal in a report
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unsupported_backend", "unpicklable", "global_changed",
             "local_changed", "class_changed", "context_changed", "missing_module", "side_effect", "torch_error",
             "load_failed", "no_backend", "shapes_seen")
-COUNTERS = ("dynamo_reused", "dynamo_frames_reused", "dynamo_traced", "dynamo_stored",
+COUNTERS = ("dynamo_reused", "dynamo_frames_reused", "dynamo_traced", "dynamo_stored", "dynamo_backwards_compiled",
             *(f"dynamo_refused_{r}" for r in REFUSALS))
 
 
@@ -258,6 +261,14 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # torch raises while saving it).
     if release_checked(str(torch.__version__), MERGED_RELEASES):
         packages_merged(state, cache)
+
+    # A graph whose tests never run its backward gets its entry: its backward compiled where torch makes its lazy
+    # compiler, before the forward runs, paid from what reuse spared (backwards).
+    try:
+        lazy_backwards_recorded(torch, importlib.import_module("torch._functorch._aot_autograd.runtime_wrappers"),
+                                functools.partial(state.count, "dynamo_backwards_compiled"))
+    except Exception:  # noqa: BLE001 - none recorded: their graphs are compiled again in each run, as before
+        pass
 
     # Saving: one entry that does not pickle costs that entry only.
     write = cache.write

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-__all__ = ["LEDGER", "Ledger", "cost_seconds", "cost_spans", "offered_seconds", "spared_seconds", "spared_tracing_seconds"]
+__all__ = ["LEDGER", "Ledger", "completing_seconds", "cost_seconds", "cost_spans", "offered_seconds", "spared_seconds",
+           "spared_tracing_seconds"]
 
 
 class Ledger:
@@ -28,6 +29,7 @@ class Ledger:
     def __init__(self) -> None:
         self.spared = 0.0
         self.spared_tracing = 0.0  # of spared, what the variants' traces took without their backends' compiles
+        self.completing = 0.0  # what compiling the backwards no test ran took here (.backwards)
         self.offered = 0.0
         self.spans: list[tuple[float, float]] = []  # (start, end), perf_counter: loading and installing, outside offers
         self._inside = threading.local()  # an offer or a span under way on this thread: nested time is counted once
@@ -76,6 +78,11 @@ def spared_tracing_seconds() -> float:
     """Of :func:`spared_seconds`, what the variants' traces took without their backends' compiles (as those variants
     recorded it that did): what a run without reuse spends again, whose backends hit torch's caches."""
     return LEDGER.spared_tracing
+
+
+def completing_seconds() -> float:
+    """The seconds this process compiled backwards that no test ran, paid from what reuse spared (.backwards)."""
+    return LEDGER.completing
 
 
 def offered_seconds() -> float:

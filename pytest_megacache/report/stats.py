@@ -167,6 +167,9 @@ class TorchStats:
     dynamo_tracing_spared: float = 0.0
     # and what reuse itself cost them (offering, loading, installing: dynamo.cost_seconds), taken off seconds_saved
     dynamo_cost: float = 0.0
+    # and the backwards no test ran that it compiled, so that their graphs are stored (dynamo.backwards): their
+    # seconds, taken off seconds_saved too
+    dynamo_backwards: float = 0.0
     layers: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> restored/used/new
     workers: int = 0
     single_compile_thread: bool = False  # the plugin ran Inductor with one compile thread (the cache covered it)
@@ -200,7 +203,8 @@ class TorchStats:
                    dynamo_refusals=dynamo.refusal_reasons(), dynamo_refused_frames=dynamo.refused_frames(),
                    dynamo_spared=round(max(0.0, dynamo.spared_seconds() - adapter.spared_before), 3),
                    dynamo_tracing_spared=round(max(0.0, dynamo.spared_tracing_seconds() - adapter.tracing_before), 3),
-                   dynamo_cost=round(max(0.0, dynamo.cost_seconds() - adapter.cost_before), 3))
+                   dynamo_cost=round(max(0.0, dynamo.cost_seconds() - adapter.cost_before), 3),
+                   dynamo_backwards=round(max(0.0, dynamo.completing_seconds() - adapter.completing_before), 3))
 
     def saved(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
         """Fold in what this process's Dynamo reuse counted while torch's artifacts were saved (after the counters
@@ -231,7 +235,7 @@ class TorchStats:
             paid += spent
         used.update(a for a in installed if a in restored)
         self.seconds_saved = round(max(0.0, sum(cold.get(a, 0.0) for a in used) - paid + self.dynamo_spared
-                                       - self.dynamo_cost), 3)
+                                       - self.dynamo_cost - self.dynamo_backwards), 3)
         for kind, count in restored_counts.items():
             if kind.startswith(prefix):
                 self.layers[kind[len(prefix):]] = {"restored": count, "used": 0}
@@ -247,6 +251,7 @@ class TorchStats:
         self.dynamo_spared = round(self.dynamo_spared + float(other.get("dynamo_spared", 0.0)), 3)
         self.dynamo_tracing_spared = round(self.dynamo_tracing_spared + float(other.get("dynamo_tracing_spared", 0.0)), 3)
         self.dynamo_cost = round(self.dynamo_cost + float(other.get("dynamo_cost", 0.0)), 3)
+        self.dynamo_backwards = round(self.dynamo_backwards + float(other.get("dynamo_backwards", 0.0)), 3)
         for k, v in dict(other.get("counters", {})).items():
             self.counters[str(k)] = self.counters.get(str(k), 0) + int(v)
         self.per_test.update(dict(other.get("per_test", {})))
