@@ -29,7 +29,7 @@ FOLDER = f"pytest-megacache/{FP}"
 class FakeTorch:
     """Stands in for TorchAdapter: 'compiles' the given keys, records loads."""
 
-    spared_before = cost_before = tracing_before = 0.0  # no Dynamo reuse here
+    spared_before = cost_before = tracing_before = completing_before = 0.0  # no Dynamo reuse here
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
