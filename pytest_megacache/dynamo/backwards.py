@@ -140,6 +140,10 @@ class InlineBackward:
         self.fw_metadata, self.save, self.disable_amp = fw_metadata, save, disable_amp
         self.compiled_bw: Any = None
 
+    @property
+    def lazy_backward_info(self) -> Any:
+        return self.lazy
+
     def get_or_compile(self, *, saved_tensors_use_once: bool) -> Any:
         if self.compiled_bw is not None:
             return self.compiled_bw
@@ -169,11 +173,12 @@ class InlineBackward:
 
 
 def compiled_where_paid(torch: Any, compiler: Any, counted: Callable[[], None],
-                        paid: Callable[[], float] = budget) -> None:
-    """``compiler``'s backward compiled where ``paid()`` is above 0. Nothing escapes: a backward that fails to compile
-    is left to the test's own ``backward()``, as torch does."""
+                        paid: Callable[[], float] | None = None) -> None:
+    """``compiler``'s backward compiled where ``paid()`` (:func:`budget` by default, as this module holds it when
+    called) is above 0 and its graph has no symbolic input. Nothing escapes: a backward that fails to compile is
+    left to the test's own ``backward()``, as torch does."""
     try:
-        if paid() <= 0:
+        if (paid or budget)() <= 0 or not _static(torch, getattr(compiler.lazy_backward_info, "placeholder_list", None)):
             return
     except Exception:  # noqa: BLE001
         return
@@ -187,6 +192,21 @@ def compiled_where_paid(torch: Any, compiler: Any, counted: Callable[[], None],
         COMPLETED.failed += 1
     finally:
         LEDGER.completing += time.perf_counter() - started
+
+
+def _static(torch: Any, placeholders: Any) -> bool:
+    """Whether a backward's inputs (their example values, or placeholders holding them) are all of fixed shape: a
+    symbolic one could add guards to the forward's frame, compiled here inside its compile."""
+    if not isinstance(placeholders, (list, tuple)):
+        return False
+    symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    for held in placeholders:
+        value = getattr(held, "meta", {}).get("val", held) if hasattr(held, "meta") else held
+        if isinstance(value, symbolic):
+            return False
+        if isinstance(value, torch.Tensor) and not all(type(n) is int for n in (*value.shape, *value.stride())):
+            return False
+    return True
 
 
 def _unseen(torch: Any) -> ExitStack:

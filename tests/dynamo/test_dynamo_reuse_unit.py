@@ -4,6 +4,7 @@ paths and proofs of identity guards, the stored form of guards; and the checked 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -1544,3 +1545,54 @@ def test_an_entrys_variants_that_need_a_module_not_there_are_held_back() -> None
     assert entry.codes[0].guarded_codes == [ours, theirs, unknown]  # what was stored is kept whole (written)
     whole = Entry([Code([ours, unknown], {})], Info({Source("math")}))
     assert installing.without_missing(whole) == (whole, None)
+
+
+def test_a_backward_is_compiled_only_where_reuse_paid_for_it_and_its_inputs_are_fixed() -> None:
+    """Half the tracing spared, less reuse's cost and the backwards compiled so far; a compile only above 0, only for
+    inputs of fixed shape, and a compile that fails is counted, never raised."""
+    from pytest_megacache.dynamo import backwards
+    from pytest_megacache.dynamo.ledger import LEDGER
+
+    class Tensor:
+        def __init__(self, shape: tuple[Any, ...]) -> None:
+            self.shape = shape
+
+        def stride(self) -> tuple[Any, ...]:
+            return tuple(1 for _ in self.shape)
+
+    class Sym:
+        pass
+
+    fake = types.SimpleNamespace(SymInt=Sym, SymFloat=float, SymBool=bool, Tensor=Tensor)
+    assert backwards._static(fake, [Tensor((2, 3)), 4]) and not backwards._static(fake, None)
+    assert not backwards._static(fake, [Tensor((2, Sym()))]) and not backwards._static(fake, [Sym()])
+    held = types.SimpleNamespace(meta={"val": Tensor((Sym(),))})
+    assert not backwards._static(fake, [held])
+
+    before = (LEDGER.spared_tracing, LEDGER.offered, list(LEDGER.spans), LEDGER.completing)
+    try:
+        LEDGER.spared_tracing, LEDGER.offered, LEDGER.spans, LEDGER.completing = 4.0, 0.5, [], 0.5
+        assert backwards.budget() == 1.0
+
+        class Compiler:
+            def __init__(self, fails: bool = False) -> None:
+                self.lazy_backward_info = types.SimpleNamespace(placeholder_list=[Tensor((2,))])
+                self.fails, self.asked = fails, []
+
+            def get_or_compile(self, *, saved_tensors_use_once: bool) -> None:
+                self.asked.append(saved_tensors_use_once)
+                if self.fails:
+                    raise RuntimeError("no lowering")
+
+        counted: list[int] = []
+        unseen = backwards._unseen
+        backwards._unseen = lambda torch: contextlib.nullcontext()  # type: ignore[assignment]
+        try:
+            for paid, compiler in ((lambda: 0.0, Compiler()), (lambda: 1.0, Compiler()), (lambda: 1.0, Compiler(True))):
+                backwards.compiled_where_paid(fake, compiler, lambda: counted.append(1), paid)
+                assert compiler.asked == ([] if paid() <= 0 else [False])  # as a backward that keeps its graph
+        finally:
+            backwards._unseen = unseen  # type: ignore[assignment]
+        assert counted == [1] and LEDGER.completing > 0.5
+    finally:
+        LEDGER.spared_tracing, LEDGER.offered, LEDGER.spans, LEDGER.completing = before
