@@ -41,7 +41,6 @@ like torch's) say what was reused, traced, stored and refused, and why.
 from __future__ import annotations
 
 import functools
-import importlib
 from typing import Any
 
 from . import repairs
@@ -50,7 +49,7 @@ from .backends import (
     backends_recorded_where_written,
     eager_graphs_stored,
 )
-from .backwards import lazy_backwards_recorded
+from .backwards import installed as backwards_installed
 from .context import innermost_backend
 from .effects import Trace, bookkeeping_quiet, code_key, watch_warnings
 from .ledger import completing_seconds, cost_seconds, cost_spans, offered_seconds, spared_seconds, spared_tracing_seconds
@@ -262,13 +261,8 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     if release_checked(str(torch.__version__), MERGED_RELEASES):
         packages_merged(state, cache)
 
-    # A graph whose tests never run its backward gets its entry: its backward compiled where torch makes its lazy
-    # compiler, before the forward runs, paid from what reuse spared (backwards).
-    try:
-        lazy_backwards_recorded(torch, importlib.import_module("torch._functorch._aot_autograd.runtime_wrappers"),
-                                functools.partial(state.count, "dynamo_backwards_compiled"))
-    except Exception:  # noqa: BLE001 - none recorded: their graphs are compiled again in each run, as before
-        pass
+    # A forward-only graph gets its entry: its backward compiled where paid for (backwards).
+    backwards_installed(torch, functools.partial(state.count, "dynamo_backwards_compiled"))
 
     # Saving: one entry that does not pickle costs that entry only.
     write = cache.write

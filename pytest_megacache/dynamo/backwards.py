@@ -27,6 +27,7 @@ does what that code does before a first backward, with the same pieces of torch 
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 import time
 import warnings
@@ -37,7 +38,8 @@ from typing import Any
 from .ledger import LEDGER
 from .patches import PATCHES
 
-__all__ = ["COMPLETED", "Completed", "InlineBackward", "budget", "compiled_where_paid", "lazy_backwards_recorded"]
+__all__ = ["COMPLETED", "Completed", "InlineBackward", "budget", "compiled_where_paid", "installed",
+           "lazy_backwards_recorded"]
 
 
 class Completed:
@@ -63,6 +65,16 @@ def _waiting(lazy: Any, lazy_info: Any, compiled_bw: Any, save: Any, bw_compiler
     not a graph of DDP's buckets (their backwards are compiled in the reverse order of their forwards)."""
     return (compiled_bw is None and save is not None and bw_compiler is not None and isinstance(lazy, lazy_info)
             and getattr(getattr(lazy, "saved_context", None), "ddp_optimizer_ctx", None) is None)
+
+
+def installed(torch: Any, counted: Callable[[], None]) -> bool:
+    """:func:`lazy_backwards_recorded` on torch's runtime wrappers; False where that fails (their graphs are then
+    compiled again in each run, as before)."""
+    try:
+        wrappers = importlib.import_module("torch._functorch._aot_autograd.runtime_wrappers")
+        return lazy_backwards_recorded(torch, wrappers, counted)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def lazy_backwards_recorded(torch: Any, runtime_wrappers: Any, counted: Callable[[], None]) -> bool:
