@@ -585,6 +585,24 @@ def test_with_eager_backwards_the_note_names_only_the_reason_left(tmp_path: Path
     assert "FX-graph cache" in note and "no_grad" not in note and "--megacache-eager-backward" not in note
 
 
+def test_with_dynamo_reuse_the_backwards_it_compiled_count_as_stored_and_the_note_says_when_the_rest_are(
+        tmp_path: Path) -> None:
+    """Dynamo reuse compiles forward-only graphs' backwards (their entries saved, torch's counters put back): those
+    are not named as unstored, and the note says the rest are stored as reuse pays for them."""
+    s = session(MemoryStore(), tmp_path, "a")
+    s.start_restore(background=False)
+    s.finish(ForwardOnly([KEY_A], {"t.py::test_a": (2, 0), "t.py::test_b": (1, 0)}))  # type: ignore[arg-type]
+    s.torch_stats.counters.update({"dynamo_stored": 4, "dynamo_backwards_compiled": 1})
+    s.check_unstorable()
+    (note,) = [n for n in s.notes if "not stored" in n]
+    assert note.startswith("2 AOTAutograd graph(s) compiled but not stored (in t.py::test_a, t.py::test_b)")
+    assert "until Dynamo reuse has spared the time to compile their backwards" in note
+    s.notes.clear()
+    s.torch_stats.counters["dynamo_backwards_compiled"] = 3
+    s.check_unstorable()
+    assert not [n for n in s.notes if "not stored" in n]
+
+
 def test_counters_without_a_saved_count_say_nothing_about_storability(tmp_path: Path) -> None:
     """An older torch without the counter: no claim either way."""
     s, _ = run(MemoryStore(), tmp_path, "a", [KEY_A])

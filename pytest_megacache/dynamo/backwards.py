@@ -99,7 +99,7 @@ def lazy_backwards_recorded(torch: Any, runtime_wrappers: Any, counted: Callable
     return str(torch.__version__).startswith("2.11.") and _inline_recorded(torch, runtime_wrappers, lazy_info, counted)
 
 
-WHY = "lazy backwards recorded: a backward no test ran is compiled after its test, its graph stored"
+WHY = "lazy backwards recorded: a backward no test has run is compiled where torch makes its lazy compiler, its graph stored"
 # what torch 2.11's autograd function uses to compile its backward inline (runtime_wrappers's names)
 INLINE_NAMES = ("tracing", "compile_context", "track_graph_compiling", "get_metrics_context", "dynamo_timed",
                 "callback_handler", "CallbackTrigger", "CompileEventLogger", "CompileContext")

@@ -31,9 +31,9 @@ def unstorable_note(t: TorchStats, eager_backward: bool = False) -> str | None:
     ``eager_backward``: ``--megacache-eager-backward``), and only when Inductor compiled every part through its
     FX-graph cache (``_should_save_cache``: a part with nothing for Inductor to compile, or one that bypassed the FX
     cache, has no key). The counters cannot tell the two apart, so the note names both, or only the second when
-    backwards are compiled eagerly. With Dynamo reuse, the backwards of such graphs are compiled after their tests as
+    backwards are compiled eagerly. With Dynamo reuse, the backwards of such graphs are compiled with their forwards as
     far as what reuse spared pays for them (:mod:`..dynamo.backwards`): those are counted as stored."""
-    # the backwards Dynamo reuse compiled after their tests saved entries that torch's counters, put back, do not show
+    # the backwards Dynamo reuse compiled with their forwards saved entries that torch's counters, put back, do not show
     unsaved = (t.counters.get("autograd_cache_miss", 0) - t.counters.get("autograd_cache_saved", 0)
                - t.counters.get("dynamo_backwards_compiled", 0))
     if "autograd_cache_saved" not in t.counters or unsaved <= 0:
@@ -48,6 +48,6 @@ def unstorable_note(t: TorchStats, eager_backward: bool = False) -> str | None:
            "that never calls backward(): run inference-only tests under torch.no_grad() or torch.inference_mode(), "
            f"or opt in to --megacache-eager-backward), and never when {no_key}")
     reuse = any(t.counters.get(name, 0) for name in ("dynamo_stored", "dynamo_frames_reused"))
-    later = (" until Dynamo reuse has spared the time to compile their backwards after their tests"
+    later = (" until Dynamo reuse has spared the time to compile their backwards with their forwards"
              if reuse and not eager_backward else "")
     return f"{unsaved} AOTAutograd graph(s) compiled but not stored{named}, so they miss in every run{later}: " + why
