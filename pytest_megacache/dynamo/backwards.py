@@ -10,7 +10,8 @@ backward is compiled through torch's own lazy compiler, as torch compiles it at 
 its graph (no buffers donated: the entry torch itself stores for that key where a first backward keeps its graph,
 which serves a later backward of either kind), and torch's callback saves the entry. The forward, what the test
 runs, is not touched. What a test can see of the compile is put back (the random generators' states, torch's
-counters) or kept from it (warnings).
+counters) or kept from it (warnings). Only graphs whose inputs have fixed shapes and whose tensors are all on the
+CPU (:data:`CHECKED_DEVICES`, where this was checked) are compiled here; the others as torch compiles them.
 
 Paid from what reuse spared: a backward is compiled only while half the tracing spared by the variants taken from
 the store in this process (each records its trace's seconds without its backend's compile; half, as a first trace
@@ -38,7 +39,7 @@ from typing import Any
 from .ledger import LEDGER
 from .patches import PATCHES
 
-__all__ = ["COMPLETED", "Completed", "InlineBackward", "budget", "compiled_where_paid", "installed",
+__all__ = ["CHECKED_DEVICES", "COMPLETED", "Completed", "InlineBackward", "budget", "compiled_where_paid", "installed",
            "lazy_backwards_recorded"]
 
 
@@ -206,9 +207,15 @@ def compiled_where_paid(torch: Any, compiler: Any, counted: Callable[[], None],
         LEDGER.completing += time.perf_counter() - started
 
 
+# the devices whose graphs have their backwards compiled here: where what a test sees of it was checked (a graph
+# with a tensor elsewhere has its backward compiled where a test first calls backward(), as torch does)
+CHECKED_DEVICES = frozenset({"cpu"})
+
+
 def _static(torch: Any, placeholders: Any) -> bool:
-    """Whether a backward's inputs (their example values, or placeholders holding them) are all of fixed shape: a
-    symbolic one could add guards to the forward's frame, compiled here inside its compile."""
+    """Whether a backward's inputs (their example values, or placeholders holding them) are all of fixed shape, a
+    symbolic one could add guards to the forward's frame, compiled here inside its compile; and their tensors all
+    on :data:`CHECKED_DEVICES`."""
     if not isinstance(placeholders, (list, tuple)):
         return False
     symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -216,7 +223,9 @@ def _static(torch: Any, placeholders: Any) -> bool:
         value = getattr(held, "meta", {}).get("val", held) if hasattr(held, "meta") else held
         if isinstance(value, symbolic):
             return False
-        if isinstance(value, torch.Tensor) and not all(type(n) is int for n in (*value.shape, *value.stride())):
+        if isinstance(value, torch.Tensor) and (
+                not all(type(n) is int for n in (*value.shape, *value.stride()))
+                or getattr(getattr(value, "device", None), "type", None) not in CHECKED_DEVICES):
             return False
     return True
 

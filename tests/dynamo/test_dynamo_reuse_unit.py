@@ -1554,8 +1554,8 @@ def test_a_backward_is_compiled_only_where_reuse_paid_for_it_and_its_inputs_are_
     from pytest_megacache.dynamo.ledger import LEDGER
 
     class Tensor:
-        def __init__(self, shape: tuple[Any, ...]) -> None:
-            self.shape = shape
+        def __init__(self, shape: tuple[Any, ...], device: str = "cpu") -> None:
+            self.shape, self.device = shape, types.SimpleNamespace(type=device)
 
         def stride(self) -> tuple[Any, ...]:
             return tuple(1 for _ in self.shape)
@@ -1565,6 +1565,8 @@ def test_a_backward_is_compiled_only_where_reuse_paid_for_it_and_its_inputs_are_
 
     fake = types.SimpleNamespace(SymInt=Sym, SymFloat=float, SymBool=bool, Tensor=Tensor)
     assert backwards._static(fake, [Tensor((2, 3)), 4]) and not backwards._static(fake, None)
+    # a graph with a tensor on a device not checked is left to its test's backward()
+    assert not backwards._static(fake, [Tensor((2, 3)), Tensor((3,), "cuda")])
     assert not backwards._static(fake, [Tensor((2, Sym()))]) and not backwards._static(fake, [Sym()])
     held = types.SimpleNamespace(meta={"val": Tensor((Sym(),))})
     assert not backwards._static(fake, [held])
