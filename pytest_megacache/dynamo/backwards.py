@@ -39,20 +39,7 @@ from typing import Any
 from .ledger import LEDGER
 from .patches import PATCHES
 
-__all__ = ["CHECKED_DEVICES", "COMPLETED", "Completed", "InlineBackward", "budget", "compiled_where_paid", "installed",
-           "lazy_backwards_recorded"]
-
-
-class Completed:
-    """What this process compiled of the backwards no test had run: how many, and how many failed to compile (a
-    test's own ``backward()`` still compiles those, as torch does)."""
-
-    def __init__(self) -> None:
-        self.compiled = 0
-        self.failed = 0
-
-
-COMPLETED = Completed()
+__all__ = ["CHECKED_DEVICES", "InlineBackward", "budget", "compiled_where_paid", "installed", "lazy_backwards_recorded"]
 
 
 def budget() -> float:
@@ -188,10 +175,10 @@ class InlineBackward:
 def compiled_where_paid(torch: Any, compiler: Any, counted: Callable[[], None],
                         paid: Callable[[], float] | None = None) -> None:
     """``compiler``'s backward compiled where ``paid()`` (:func:`budget` by default, as this module holds it when
-    called) is above 0 and its graph has no symbolic input. Nothing escapes: a backward that fails to compile is
-    left to the test's own ``backward()``, as torch does."""
+    called) is above 0 and its graph is :func:`_eligible`. Nothing escapes: a backward that fails to compile is left
+    to the test's own ``backward()``, as torch does."""
     try:
-        if (paid or budget)() <= 0 or not _static(torch, getattr(compiler.lazy_backward_info, "placeholder_list", None)):
+        if (paid or budget)() <= 0 or not _eligible(torch, getattr(compiler.lazy_backward_info, "placeholder_list", None)):
             return
     except Exception:  # noqa: BLE001
         return
@@ -199,10 +186,9 @@ def compiled_where_paid(torch: Any, compiler: Any, counted: Callable[[], None],
     try:
         with _unseen(torch):
             compiler.get_or_compile(saved_tensors_use_once=False)
-        COMPLETED.compiled += 1
         counted()
-    except Exception:  # noqa: BLE001
-        COMPLETED.failed += 1
+    except Exception:  # noqa: BLE001 - left to the test's own backward()
+        pass
     finally:
         LEDGER.completing += time.perf_counter() - started
 
@@ -212,9 +198,9 @@ def compiled_where_paid(torch: Any, compiler: Any, counted: Callable[[], None],
 CHECKED_DEVICES = frozenset({"cpu"})
 
 
-def _static(torch: Any, placeholders: Any) -> bool:
-    """Whether a backward's inputs (their example values, or placeholders holding them) are all of fixed shape, a
-    symbolic one could add guards to the forward's frame, compiled here inside its compile; and their tensors all
+def _eligible(torch: Any, placeholders: Any) -> bool:
+    """Whether a backward's inputs (their example values, or placeholders holding them) are all of fixed shape (a
+    symbolic one could add guards to the forward's frame, compiled here inside its compile) and their tensors all
     on :data:`CHECKED_DEVICES`."""
     if not isinstance(placeholders, (list, tuple)):
         return False

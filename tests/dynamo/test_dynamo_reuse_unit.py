@@ -1564,12 +1564,12 @@ def test_a_backward_is_compiled_only_where_reuse_paid_for_it_and_its_inputs_are_
         pass
 
     fake = types.SimpleNamespace(SymInt=Sym, SymFloat=float, SymBool=bool, Tensor=Tensor)
-    assert backwards._static(fake, [Tensor((2, 3)), 4]) and not backwards._static(fake, None)
+    assert backwards._eligible(fake, [Tensor((2, 3)), 4]) and not backwards._eligible(fake, None)
     # a graph with a tensor on a device not checked is left to its test's backward()
-    assert not backwards._static(fake, [Tensor((2, 3)), Tensor((3,), "cuda")])
-    assert not backwards._static(fake, [Tensor((2, Sym()))]) and not backwards._static(fake, [Sym()])
+    assert not backwards._eligible(fake, [Tensor((2, 3)), Tensor((3,), "cuda")])
+    assert not backwards._eligible(fake, [Tensor((2, Sym()))]) and not backwards._eligible(fake, [Sym()])
     held = types.SimpleNamespace(meta={"val": Tensor((Sym(),))})
-    assert not backwards._static(fake, [held])
+    assert not backwards._eligible(fake, [held])
 
     before = (LEDGER.spared_tracing, LEDGER.offered, list(LEDGER.spans), LEDGER.completing)
     try:
