@@ -8,6 +8,7 @@ own time here is counted (:mod:`.ledger`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import sys
@@ -21,7 +22,7 @@ from .objects import importable, missing_module
 from .patches import PATCHES
 from .proofs import unpack_guards
 
-__all__ = ["install_entry", "installed_where_wrapped", "without_missing"]
+__all__ = ["install_entry", "installed_where_wrapped", "traced_afresh", "without_missing"]
 
 
 class _Own(NamedTuple):
@@ -133,6 +134,7 @@ def install_entry(state: Any, own: _Own, pkg: Any, backends: Any) -> None:
         own.eval_frame.skip_code = skip_code
         state.installing = None
     state.count("dynamo_reused")
+    traced_afresh(pkg)
     if held is not None:
         held_fn, held_entry, missing = held
         defer(state, pkg, held_fn, held_entry, missing, backends)  # the variants held back (without_missing)
@@ -145,15 +147,37 @@ def install_entry(state: Any, own: _Own, pkg: Any, backends: Any) -> None:
     state.used.setdefault(pkg.source_id)
 
 
+def traced_afresh(pkg: Any) -> None:
+    """The codes that the installed package ``pkg`` holds bypassed start this process as torch starts a code in a fresh
+    one: not bypassed, with no variant. An earlier process could not store a frame of theirs (a forward whose backward
+    never ran there, say), torch installed none of their variants, and a bypassed code records none of the variants
+    traced later: such a code stayed out of the store in every later run, even once its frames could be stored. A
+    frame that cannot be stored has its code bypassed again by torch where it is traced. Their names and imports,
+    which torch installed, are kept; the stored entry itself (merged into what this process writes) is left as it is."""
+    try:
+        for code, entry in list(pkg._codes.items()):
+            if getattr(entry, "bypassed", False) is True:
+                fields = {field.name for field in dataclasses.fields(entry)}
+                afresh: dict[str, Any] = {"bypassed": False, "guarded_codes": [], "backend_ids": []}
+                afresh.update({name: copy.copy(getattr(entry, name)) for name in ("function_names", "import_sources")
+                               if name in fields})  # torch adds to them in place
+                pkg._codes[code] = dataclasses.replace(entry, **afresh)
+    except Exception:  # noqa: BLE001 - another layout: left as torch installed it (such codes stay out of the store)
+        pass
+
+
 def defer(state: Any, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any) -> None:
     """The stored entry ``dynamo`` of ``fn``, whose module ``missing`` is not there yet, kept for an install where a
-    frame of its code is about to be traced; each of its codes noted as waiting for that module."""
+    frame of its code is about to be traced; each of its codes that holds variants noted as waiting for that module
+    (a code stored without any, bypassed say, waits for nothing: what a frame of it traces is new)."""
     code = getattr(package._innermost_fn, "__code__", None)
     if code is None:
         state.refuse("missing_module", f"{missing} is not there")
         return
     state.deferred[id(code)] = (code, fn, dynamo, backends, missing)
     for entry in getattr(dynamo, "codes", ()):
+        if not entry.guarded_codes or getattr(entry, "bypassed", False) is True:
+            continue
         state.waiting[(str(entry.python_module), int(entry.python_code.co_firstlineno), entry.python_code.co_name)] = missing
 
 

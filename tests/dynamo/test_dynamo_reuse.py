@@ -454,6 +454,23 @@ def compiled_before_and_after(x):  # called before its module is generated, then
     if later is None:
         return x - 1
     return later.kernel(x) - 1
+
+
+def setup_graded(folder):
+    global graded
+    graded = generate(folder, "gen_graded", "x * 3 + 4")
+
+
+graded = None
+
+
+@torch.compile
+def broken_then_graded(x, w):  # after the break, a graph whose backward no test runs; without w, a generated module
+    if w is None:
+        return graded.kernel(x) + 1
+    y = x * 2
+    torch._dynamo.graph_break()
+    return torch.cos(y * w) + 1
 """
 
 TESTS = """
@@ -806,6 +823,17 @@ def test_generated_module_unchanged(tmp_path):
     same(generator.compiled_stable, lambda x: generator.stable.kernel(x) + 1, X)
 
 
+def test_a_resume_function_whose_backward_never_runs(tmp_path, monkeypatch):  # its entry waits for a module too
+    if VARIANT == 2:  # the budget set here, as for the forward whose backward never runs
+        from pytest_megacache.dynamo import backwards
+
+        monkeypatch.setattr(backwards, "budget", lambda: 60.0)
+    w = X.clone().requires_grad_()
+    same(generator.broken_then_graded, lambda x, w: torch.cos(x * 2 * w) + 1, X, w)
+    generator.setup_graded(tmp_path)
+    same(generator.broken_then_graded, lambda x, w: x * 3 + 4 + 1, X, None)
+
+
 def test_generated_module_called_before_it_exists(tmp_path):
     same(generator.compiled_before_and_after, lambda x: x - 1, X)
     generator.setup_later(tmp_path)
@@ -977,7 +1005,7 @@ class TestDynamoReuse:
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
             failed = [line for line in run.result.outlines if line.startswith(("FAILED", "ERROR"))]
-            assert ran == (55 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
+            assert ran == (56 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -1193,6 +1221,22 @@ class TestDynamoReuse:
         name = b"compiled_before_and_after"
         stored = _copies(reuse_chain.after_cold, name)
         assert len(stored) == 1 and _copies(reuse_chain.stored_precompile(), name) == stored
+
+    def test_a_resume_function_stored_without_variants_is_stored_once_its_frames_can_be(
+            self, reuse_chain: ReuseChain) -> None:
+        """After a graph break, a graph whose backward no test runs: cold, the resume function's only variant has no
+        stored graph, and its code is stored bypassed beside the function's variants, one of which needs a module
+        generated later. Warm, the function's frame is taken; the resume function's frame is traced with the
+        backward compiled, and its variant is stored (neither a bypass loaded from the store nor the wait for the
+        module keeps it out); the variant that needs the module is taken once the module is there."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        test = "test_a_resume_function_whose_backward_never_runs"
+        assert (_compiles(cold, test), _compiles(warm, test)) == (3, 1), (_compiles(cold, test), _compiles(warm, test))
+        assert _counters(warm)["dynamo_backwards_compiled"] >= 1, _counters(warm)
+        [cold_copy] = _copies(reuse_chain.after_cold, b"broken_then_graded")
+        [warm_copy] = _copies(reuse_chain.stored_precompile(), b"broken_then_graded")
+        variants = [len(_starts(data, b"megacache-guards-")) for data in (cold_copy, warm_copy)]
+        assert variants[1] == variants[0] + 1, variants
 
     def test_the_seconds_saved_count_the_dynamo_entries_taken(self, reuse_chain: ReuseChain) -> None:
         """Each stored variant carries what its trace and compile took (written at the session's end, outside any
