@@ -8,7 +8,6 @@ own time here is counted (:mod:`.ledger`).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import sys
@@ -157,11 +156,10 @@ def traced_afresh(pkg: Any) -> None:
     try:
         for code, entry in list(pkg._codes.items()):
             if getattr(entry, "bypassed", False) is True:
-                fields = {field.name for field in dataclasses.fields(entry)}
-                afresh: dict[str, Any] = {"bypassed": False, "guarded_codes": [], "backend_ids": []}
-                afresh.update({name: copy.copy(getattr(entry, name)) for name in ("function_names", "import_sources")
-                               if name in fields})  # torch adds to them in place
-                pkg._codes[code] = dataclasses.replace(entry, **afresh)
+                # copies of the names and imports: torch adds to them in place
+                pkg._codes[code] = dataclasses.replace(
+                    entry, bypassed=False, guarded_codes=[], backend_ids=[], function_names=list(entry.function_names),
+                    import_sources=dict(entry.import_sources))
     except Exception:  # noqa: BLE001 - another layout: left as torch installed it (such codes stay out of the store)
         pass
 
