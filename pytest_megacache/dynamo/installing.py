@@ -136,7 +136,7 @@ def install_entry(state: Any, own: _Own, pkg: Any, backends: Any) -> None:
     traced_afresh(pkg)
     if held is not None:
         held_fn, held_entry, missing = held
-        defer(state, pkg, held_fn, held_entry, missing, backends)  # the variants held back (without_missing)
+        defer(state, pkg, held_fn, held_entry, missing, backends, partly=True)  # those held back (without_missing)
     if loaded is not None:
         state.loaded[pkg.source_id] = loaded  # what the store held: merged into what this process stores
         if pkg.source_id not in state.loaded_as:  # once per key (every wrapper of the function installs it)
@@ -164,10 +164,12 @@ def traced_afresh(pkg: Any) -> None:
         pass
 
 
-def defer(state: Any, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any) -> None:
+def defer(state: Any, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any, partly: bool = False) -> None:
     """The stored entry ``dynamo`` of ``fn``, whose module ``missing`` is not there yet, kept for an install where a
     frame of its code is about to be traced; each of its codes that holds variants noted as waiting for that module
-    (a code stored without any, bypassed say, waits for nothing: what a frame of it traces is new)."""
+    (a code stored without any, bypassed say, waits for nothing: what a frame of it traces is new). Where the entry is
+    installed ``partly`` (:func:`without_missing`), only the codes holding a variant held back wait: the variants of
+    the others are installed, so what a frame of theirs traces is new too."""
     code = getattr(package._innermost_fn, "__code__", None)
     if code is None:
         state.refuse("missing_module", f"{missing} is not there")
@@ -176,7 +178,19 @@ def defer(state: Any, package: Any, fn: Any, dynamo: Any, missing: str, backends
     for entry in getattr(dynamo, "codes", ()):
         if not entry.guarded_codes or getattr(entry, "bypassed", False) is True:
             continue
+        if partly and not any(_held_back(variant) for variant in entry.guarded_codes):
+            continue
         state.waiting[(str(entry.python_module), int(entry.python_code.co_firstlineno), entry.python_code.co_name)] = missing
+
+
+def _held_back(variant: Any) -> bool:
+    """Whether :func:`without_missing` holds the stored variant back now: it needs a module not there, or did not
+    record what it needs (one that cannot be read is not: it is refused where it is offered)."""
+    try:
+        needs = unpack_guards(variant.guards_state).modules
+    except Exception:  # noqa: BLE001 - as without_missing reads it
+        return False
+    return needs is None or not all(importable(name) for name in needs)
 
 
 def without_missing(entry: Any) -> tuple[Any, str | None]:
@@ -203,7 +217,11 @@ def without_missing(entry: Any) -> tuple[Any, str | None]:
             return True
         return needs is not None and not needs & missing
 
+    # lists of their own: torch adds what this process traces to the installed codes' lists in place, and the whole
+    # entry, installed where the module is there, holds only what was stored (a graph traced here is not among its
+    # backends: installed with it, the entry failed)
     codes = [dataclasses.replace(code, guarded_codes=[v for v in code.guarded_codes if needs_none(v)],
+                                 backend_ids=list(code.backend_ids), function_names=list(code.function_names),
                                  import_sources={alias: name for alias, name in code.import_sources.items()
                                                  if name not in missing}) for code in entry.codes]
     kept = {source for source in sources if source.module not in missing}

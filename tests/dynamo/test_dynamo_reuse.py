@@ -471,6 +471,24 @@ def broken_then_graded(x, w):  # after the break, a graph whose backward no test
     y = x * 2
     torch._dynamo.graph_break()
     return torch.cos(y * w) + 1
+
+
+def setup_scaled(folder):
+    global scaled
+    scaled = generate(folder, "gen_scaled", "x * 6 - 1")
+
+
+scaled = None
+resumed_sine = True
+
+
+@torch.compile
+def scaled_then_resumed(x, w):  # without w, a generated module; with it, a break, then a global only the resume reads
+    if w is None:
+        return scaled.kernel(x) + 1
+    y = x * w
+    torch._dynamo.graph_break()
+    return torch.sin(y) if resumed_sine else torch.cos(y)
 """
 
 TESTS = """
@@ -834,6 +852,13 @@ def test_a_resume_function_whose_backward_never_runs(tmp_path, monkeypatch):  # 
     same(generator.broken_then_graded, lambda x, w: x * 3 + 4 + 1, X, None)
 
 
+def test_a_resume_function_traced_again_while_its_entry_waits_for_a_module(tmp_path, monkeypatch):
+    monkeypatch.setattr(generator, "resumed_sine", VARIANT == 1)
+    same(generator.scaled_then_resumed, lambda x, w: torch.sin(x * w) if VARIANT == 1 else torch.cos(x * w), X, X)
+    generator.setup_scaled(tmp_path)
+    same(generator.scaled_then_resumed, lambda x, w: x * 6 - 1 + 1, X, None)
+
+
 def test_generated_module_called_before_it_exists(tmp_path):
     same(generator.compiled_before_and_after, lambda x: x - 1, X)
     generator.setup_later(tmp_path)
@@ -1005,7 +1030,7 @@ class TestDynamoReuse:
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
             failed = [line for line in run.result.outlines if line.startswith(("FAILED", "ERROR"))]
-            assert ran == (56 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
+            assert ran == (57 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -1237,6 +1262,26 @@ class TestDynamoReuse:
         [warm_copy] = _copies(reuse_chain.stored_precompile(), b"broken_then_graded")
         variants = [len(_starts(data, b"megacache-guards-")) for data in (cold_copy, warm_copy)]
         assert variants[1] == variants[0] + 1, variants
+
+    def test_a_new_variant_of_a_code_whose_variants_were_all_installed_is_stored_while_its_entry_waits(
+            self, reuse_chain: ReuseChain) -> None:
+        """A function with a graph break, one of whose variants needs a module generated later in the test: warm, its
+        entry is installed without that variant, which waits for the module. The resume function's stored variant is
+        installed, and its frame (a global only it reads changed) is traced: what it traces is a variant no stored
+        one is, and is stored beside them (only the codes holding a variant that waits keep their new traces out).
+        Once the module is there, the whole entry is installed as it was stored, and its held variant taken."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        test = "test_a_resume_function_traced_again_while_its_entry_waits_for_a_module"
+        assert (_compiles(cold, test), _compiles(warm, test)) == (3, 1), (_compiles(cold, test), _compiles(warm, test))
+        # the whole entry installed once the module is there, though a graph was compiled into its codes before
+        assert warm.report is not None
+        [record] = [t for nodeid, t in warm.report["torch"]["per_test"].items() if nodeid.endswith(f"::{test}")]
+        assert record["counters"]["dynamo_frames_reused"] == 2, record
+        assert not any(name.startswith("dynamo_refused") for name in record["counters"]), record
+        [cold_copy] = _copies(reuse_chain.after_cold, b"scaled_then_resumed")
+        [warm_copy] = _copies(reuse_chain.stored_precompile(), b"scaled_then_resumed")
+        variants = [len(_starts(data, b"megacache-guards-")) for data in (cold_copy, warm_copy)]
+        assert variants == [3, 4], variants
 
     def test_the_seconds_saved_count_the_dynamo_entries_taken(self, reuse_chain: ReuseChain) -> None:
         """Each stored variant carries what its trace and compile took (written at the session's end, outside any
