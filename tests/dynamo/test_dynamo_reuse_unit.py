@@ -1526,6 +1526,11 @@ def test_an_entrys_variants_that_need_a_module_not_there_are_held_back() -> None
     class Code:
         guarded_codes: list[Any]
         import_sources: dict[str, str]
+        backend_ids: list[str] = dataclasses.field(default_factory=lambda: ["__compiled_fn_1"])
+        function_names: list[str] = dataclasses.field(default_factory=list)
+        python_module: str = "lib"
+        python_code: Any = dataclasses.field(default_factory=lambda: types.SimpleNamespace(co_firstlineno=3, co_name="forward"))
+        bypassed: bool = False
 
     @dataclasses.dataclass
     class Entry:
@@ -1543,8 +1548,22 @@ def test_an_entrys_variants_that_need_a_module_not_there_are_held_back() -> None
     assert held.codes[0].guarded_codes == [ours] and held.codes[0].import_sources == {"m": "math"}
     assert held.source_info.inlined_sources == {Source("math")}
     assert entry.codes[0].guarded_codes == [ours, theirs, unknown]  # what was stored is kept whole (written)
+    # torch adds a graph traced in this process to the installed code's lists in place: not to the stored entry's
+    held.codes[0].backend_ids.append("__compiled_fn_2")
+    held.codes[0].function_names.append("__resume_at_4_2")
+    assert (entry.codes[0].backend_ids, entry.codes[0].function_names) == (["__compiled_fn_1"], [])
     whole = Entry([Code([ours, unknown], {})], Info({Source("math")}))
     assert installing.without_missing(whole) == (whole, None)
+
+    # installed so, only a code holding a variant held back waits for the module (what another one traces is new);
+    # where nothing of the entry could be installed, every code holding variants does
+    package = types.SimpleNamespace(_innermost_fn=types.SimpleNamespace(__code__=object()))
+    waits = Code([theirs], {}, python_code=types.SimpleNamespace(co_firstlineno=3, co_name="forward"))
+    installed = Code([ours], {}, python_code=types.SimpleNamespace(co_firstlineno=9, co_name="resume"))
+    for partly, waiting in ((True, {("lib", 3, "forward")}), (False, {("lib", 3, "forward"), ("lib", 9, "resume")})):
+        state = types.SimpleNamespace(deferred={}, waiting={})
+        installing.defer(state, package, None, Entry([waits, installed], Info(set())), missing, {}, partly=partly)
+        assert set(state.waiting) == waiting and set(state.waiting.values()) == {missing}, (partly, state.waiting)
 
 
 def test_a_backward_is_compiled_only_where_reuse_paid_for_it_and_its_inputs_are_fixed() -> None:
