@@ -21,7 +21,7 @@ from .objects import importable, missing_module
 from .patches import PATCHES
 from .proofs import unpack_guards
 
-__all__ = ["install_entry", "installed_where_wrapped", "traced_afresh", "without_missing"]
+__all__ = ["install_entry", "installed_where_wrapped", "traced_afresh", "with_own_lists", "without_missing"]
 
 
 class _Own(NamedTuple):
@@ -56,7 +56,7 @@ def installed_where_wrapped(state: Any, torch: Any, package: Any, bytecode_trans
         try:
             held, missing = without_missing(dynamo)
             with LEDGER.spending():  # torch checks the inlined sources of the stored entry here
-                own.initialize(self, fn, held, ignore_inlined_sources)
+                own.initialize(self, fn, with_own_lists(held), ignore_inlined_sources)
             self._megacache_loaded = dynamo  # all of it: what this process writes holds every stored variant
             if missing is not None:  # the rest installed where its frame runs, once the module is there
                 self._megacache_held = (fn, dynamo, missing)
@@ -217,15 +217,24 @@ def without_missing(entry: Any) -> tuple[Any, str | None]:
             return True
         return needs is not None and not needs & missing
 
-    # lists of their own: torch adds what this process traces to the installed codes' lists in place, and the whole
-    # entry, installed where the module is there, holds only what was stored (a graph traced here is not among its
-    # backends: installed with it, the entry failed)
     codes = [dataclasses.replace(code, guarded_codes=[v for v in code.guarded_codes if needs_none(v)],
-                                 backend_ids=list(code.backend_ids), function_names=list(code.function_names),
                                  import_sources={alias: name for alias, name in code.import_sources.items()
                                                  if name not in missing}) for code in entry.codes]
     kept = {source for source in sources if source.module not in missing}
     return dataclasses.replace(entry, codes=codes, source_info=dataclasses.replace(info, inlined_sources=kept)), min(missing)
+
+
+def with_own_lists(entry: Any) -> Any:
+    """A copy of the stored entry ``entry`` for torch to install, whose codes have lists of their own: torch adds what
+    this process traces to the installed codes' variants, graphs and names in place, and the entry as it was loaded
+    stays what the store held. Merged with what was traced at the session's end, a loaded entry that had taken the new
+    variants in left them out as held already (when another wrapper's install had loaded the entry again), and the whole
+    of an entry installed in part, installed once its module was there, held a graph traced here that is not among its
+    backends (its install failed)."""
+    codes = [dataclasses.replace(code, guarded_codes=list(code.guarded_codes), backend_ids=list(code.backend_ids),
+                                 function_names=list(code.function_names), import_sources=dict(code.import_sources))
+             for code in entry.codes]
+    return dataclasses.replace(entry, codes=codes)
 
 
 def _no_skip(*_args: Any, **_kwargs: Any) -> None:

@@ -306,6 +306,10 @@ def two_wrappers(x):
     return torch.cos(x) * 3
 
 
+def traced_before_another_wrapper(x):
+    return torch.cos(x) * 7 - 2
+
+
 def two_variants(x):
     return torch.cos(x) * 5 + 1
 
@@ -731,6 +735,17 @@ def test_one_function_in_two_wrappers():
     same(torch.compile(edits.two_wrappers), edits.two_wrappers, X.double())  # the second wrapper's own variant
 
 
+def test_a_variant_traced_before_another_wrapper_installs_the_entry():
+    first = torch.compile(edits.traced_before_another_wrapper)
+    same(first, edits.traced_before_another_wrapper, X)
+    if VARIANT == 2:  # a variant the stored entry lacks, traced into the entry the first wrapper installed
+        same(first, edits.traced_before_another_wrapper, X.double())
+    second = torch.compile(edits.traced_before_another_wrapper)  # installs the stored entry again
+    same(second, edits.traced_before_another_wrapper, X)
+    if VARIANT == 2:  # and one more, traced into the second wrapper's
+        same(second, edits.traced_before_another_wrapper, X.bfloat16())
+
+
 def test_one_variant_of_two_corrupted():  # stored with two variants, the first one's guards cut warm
     compiled = torch.compile(edits.two_variants)
     same(compiled, edits.two_variants, X)
@@ -1030,7 +1045,7 @@ class TestDynamoReuse:
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
             failed = [line for line in run.result.outlines if line.startswith(("FAILED", "ERROR"))]
-            assert ran == (57 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
+            assert ran == (58 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -1282,6 +1297,19 @@ class TestDynamoReuse:
         [warm_copy] = _copies(reuse_chain.stored_precompile(), b"scaled_then_resumed")
         variants = [len(_starts(data, b"megacache-guards-")) for data in (cold_copy, warm_copy)]
         assert variants == [3, 4], variants
+
+    def test_a_variant_traced_before_another_wrapper_installs_the_entry_is_stored(self, reuse_chain: ReuseChain) -> None:
+        """torch adds what a process traces to the entry a wrapper installed, in place. Where that entry was the one
+        loaded from the store, and another wrapper of the function then loaded and installed it again, what the first
+        one traced was taken for what the store held and left out of what was written: the variant was traced in every
+        run. The loaded entry stays what the store held, and the warm entry holds both new variants beside it."""
+        cold, warm = reuse_chain.runs["cold"], reuse_chain.runs["warm"]
+        test = "test_a_variant_traced_before_another_wrapper_installs_the_entry"
+        assert _compiles(cold, test) >= 1 and _compiles(warm, test) == 2, (_compiles(cold, test), _compiles(warm, test))
+        [cold_copy] = _copies(reuse_chain.after_cold, b"traced_before_another_wrapper")
+        [warm_copy] = _copies(reuse_chain.stored_precompile(), b"traced_before_another_wrapper")
+        variants = [len(_starts(data, b"megacache-guards-")) for data in (cold_copy, warm_copy)]
+        assert variants == [1, 3], variants
 
     def test_the_seconds_saved_count_the_dynamo_entries_taken(self, reuse_chain: ReuseChain) -> None:
         """Each stored variant carries what its trace and compile took (written at the session's end, outside any

@@ -1548,9 +1548,14 @@ def test_an_entrys_variants_that_need_a_module_not_there_are_held_back() -> None
     assert held.codes[0].guarded_codes == [ours] and held.codes[0].import_sources == {"m": "math"}
     assert held.source_info.inlined_sources == {Source("math")}
     assert entry.codes[0].guarded_codes == [ours, theirs, unknown]  # what was stored is kept whole (written)
-    # torch adds a graph traced in this process to the installed code's lists in place: not to the stored entry's
-    held.codes[0].backend_ids.append("__compiled_fn_2")
-    held.codes[0].function_names.append("__resume_at_4_2")
+    # torch adds what this process traces to the installed codes' lists in place: to the copy's, not the stored entry's
+    installed = installing.with_own_lists(held)
+    assert installed == held
+    installed.codes[0].guarded_codes.append(unknown)
+    installed.codes[0].backend_ids.append("__compiled_fn_2")
+    installed.codes[0].function_names.append("__resume_at_4_2")
+    installed.codes[0].import_sources["gen"] = "not_generated_yet_xyz"
+    assert held.codes[0] == entry.codes[0].__class__([ours], {"m": "math"})
     assert (entry.codes[0].backend_ids, entry.codes[0].function_names) == (["__compiled_fn_1"], [])
     whole = Entry([Code([ours, unknown], {})], Info({Source("math")}))
     assert installing.without_missing(whole) == (whole, None)
@@ -1559,10 +1564,10 @@ def test_an_entrys_variants_that_need_a_module_not_there_are_held_back() -> None
     # where nothing of the entry could be installed, every code holding variants does
     package = types.SimpleNamespace(_innermost_fn=types.SimpleNamespace(__code__=object()))
     waits = Code([theirs], {}, python_code=types.SimpleNamespace(co_firstlineno=3, co_name="forward"))
-    installed = Code([ours], {}, python_code=types.SimpleNamespace(co_firstlineno=9, co_name="resume"))
+    taken = Code([ours], {}, python_code=types.SimpleNamespace(co_firstlineno=9, co_name="resume"))
     for partly, waiting in ((True, {("lib", 3, "forward")}), (False, {("lib", 3, "forward"), ("lib", 9, "resume")})):
         state = types.SimpleNamespace(deferred={}, waiting={})
-        installing.defer(state, package, None, Entry([waits, installed], Info(set())), missing, {}, partly=partly)
+        installing.defer(state, package, None, Entry([waits, taken], Info(set())), missing, {}, partly=partly)
         assert set(state.waiting) == waiting and set(state.waiting.values()) == {missing}, (partly, state.waiting)
 
 
