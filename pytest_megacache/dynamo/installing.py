@@ -59,7 +59,7 @@ def installed_where_wrapped(state: Any, torch: Any, package: Any, bytecode_trans
                 own.initialize(self, fn, with_own_lists(held), ignore_inlined_sources)
             self._megacache_loaded = dynamo  # all of it: what this process writes holds every stored variant
             if missing is not None:  # the rest installed where its frame runs, once the module is there
-                self._megacache_held = (fn, dynamo, missing)
+                self._megacache_held = (fn, dynamo, missing, held)
         except Exception as exc:  # noqa: BLE001 - inlined sources changed, a module gone: trace as usual
             if (missing := missing_module(exc)) is not None:
                 self._megacache_deferred = (fn, dynamo, missing)  # installed where its frame runs, if it appears
@@ -135,8 +135,8 @@ def install_entry(state: Any, own: _Own, pkg: Any, backends: Any) -> None:
     state.count("dynamo_reused")
     traced_afresh(pkg)
     if held is not None:
-        held_fn, held_entry, missing = held
-        defer(state, pkg, held_fn, held_entry, missing, backends, partly=True)  # those held back (without_missing)
+        held_fn, held_entry, missing, installed = held
+        defer(state, pkg, held_fn, held_entry, missing, backends, installed)  # those held back (without_missing)
     if loaded is not None:
         state.loaded[pkg.source_id] = loaded  # what the store held: merged into what this process stores
         if pkg.source_id not in state.loaded_as:  # once per key (every wrapper of the function installs it)
@@ -156,41 +156,29 @@ def traced_afresh(pkg: Any) -> None:
     try:
         for code, entry in list(pkg._codes.items()):
             if getattr(entry, "bypassed", False) is True:
-                # copies of the names and imports: torch adds to them in place
-                pkg._codes[code] = dataclasses.replace(
-                    entry, bypassed=False, guarded_codes=[], backend_ids=[], function_names=list(entry.function_names),
-                    import_sources=dict(entry.import_sources))
+                # its names and imports are the installed copy's own (with_own_lists): torch adds to them in place
+                pkg._codes[code] = dataclasses.replace(entry, bypassed=False, guarded_codes=[], backend_ids=[])
     except Exception:  # noqa: BLE001 - another layout: left as torch installed it (such codes stay out of the store)
         pass
 
 
-def defer(state: Any, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any, partly: bool = False) -> None:
+def defer(state: Any, package: Any, fn: Any, dynamo: Any, missing: str, backends: Any, installed: Any = None) -> None:
     """The stored entry ``dynamo`` of ``fn``, whose module ``missing`` is not there yet, kept for an install where a
     frame of its code is about to be traced; each of its codes that holds variants noted as waiting for that module
-    (a code stored without any, bypassed say, waits for nothing: what a frame of it traces is new). Where the entry is
-    installed ``partly`` (:func:`without_missing`), only the codes holding a variant held back wait: the variants of
-    the others are installed, so what a frame of theirs traces is new too."""
+    (a code stored without any, bypassed say, waits for nothing: what a frame of it traces is new). Where the entry was
+    ``installed`` in part (what :func:`without_missing` kept of it, its codes in the same order), only the codes it
+    holds fewer variants of wait: the others' variants are all installed, so what a frame of theirs traces is new too."""
     code = getattr(package._innermost_fn, "__code__", None)
     if code is None:
         state.refuse("missing_module", f"{missing} is not there")
         return
     state.deferred[id(code)] = (code, fn, dynamo, backends, missing)
-    for entry in getattr(dynamo, "codes", ()):
-        if not entry.guarded_codes or getattr(entry, "bypassed", False) is True:
-            continue
-        if partly and not any(_held_back(variant) for variant in entry.guarded_codes):
+    codes = list(getattr(dynamo, "codes", ()))
+    kept = [len(code.guarded_codes) for code in installed.codes] if installed is not None else [None] * len(codes)
+    for entry, count in zip(codes, kept, strict=True):
+        if not entry.guarded_codes or getattr(entry, "bypassed", False) is True or count == len(entry.guarded_codes):
             continue
         state.waiting[(str(entry.python_module), int(entry.python_code.co_firstlineno), entry.python_code.co_name)] = missing
-
-
-def _held_back(variant: Any) -> bool:
-    """Whether :func:`without_missing` holds the stored variant back now: it needs a module not there, or did not
-    record what it needs (one that cannot be read is not: it is refused where it is offered)."""
-    try:
-        needs = unpack_guards(variant.guards_state).modules
-    except Exception:  # noqa: BLE001 - as without_missing reads it
-        return False
-    return needs is None or not all(importable(name) for name in needs)
 
 
 def without_missing(entry: Any) -> tuple[Any, str | None]:

@@ -1563,12 +1563,14 @@ def test_an_entrys_variants_that_need_a_module_not_there_are_held_back() -> None
     # installed so, only a code holding a variant held back waits for the module (what another one traces is new);
     # where nothing of the entry could be installed, every code holding variants does
     package = types.SimpleNamespace(_innermost_fn=types.SimpleNamespace(__code__=object()))
-    waits = Code([theirs], {}, python_code=types.SimpleNamespace(co_firstlineno=3, co_name="forward"))
+    waits = Code([theirs, ours], {}, python_code=types.SimpleNamespace(co_firstlineno=3, co_name="forward"))
     taken = Code([ours], {}, python_code=types.SimpleNamespace(co_firstlineno=9, co_name="resume"))
-    for partly, waiting in ((True, {("lib", 3, "forward")}), (False, {("lib", 3, "forward"), ("lib", 9, "resume")})):
+    stored = Entry([waits, taken], Info({Source("not_generated_yet_xyz")}))
+    part, _ = installing.without_missing(stored)
+    for installed, waiting in ((part, {("lib", 3, "forward")}), (None, {("lib", 3, "forward"), ("lib", 9, "resume")})):
         state = types.SimpleNamespace(deferred={}, waiting={})
-        installing.defer(state, package, None, Entry([waits, taken], Info(set())), missing, {}, partly=partly)
-        assert set(state.waiting) == waiting and set(state.waiting.values()) == {missing}, (partly, state.waiting)
+        installing.defer(state, package, None, stored, missing, {}, installed)
+        assert set(state.waiting) == waiting and set(state.waiting.values()) == {missing}, (installed, state.waiting)
 
 
 def test_a_backward_is_compiled_only_where_reuse_paid_for_it_and_its_inputs_are_fixed() -> None:
