@@ -21,10 +21,8 @@ from .proofs import function_of, guards_digest, reason_of
 def packages_merged(state: Any, cache: Any) -> None:
     """torch's ``record_package`` on ``cache`` (its DynamoCache) merges each package with those recorded before
     under its key (``state.recorded``) and with the stored entry installed under it (``state.loaded``), less the
-    variants refused in this process for a reason any later process would give too (``state.stale``) and those
-    passed over in their own test a second run running and never taken here (``state.superseded``, see
-    :func:`pytest_megacache.dynamo.offers.superseded`); a failure keeps the last package alone, as torch does, and is
-    counted."""
+    variants :func:`left_out` (see :func:`pytest_megacache.dynamo.offers.superseded`); a failure keeps the last
+    package alone, as torch does, and is counted."""
     record = getattr(cache, "record_package", None)
     try:
         from torch._dynamo.precompile_context import PrecompileContext
@@ -49,7 +47,7 @@ def packages_merged(state: Any, cache: Any) -> None:
             parts = list(per_package.values())
             if loaded is not None:
                 parts.insert(0, loaded)  # a package that did not load it (its install failed) would lose it
-            drop = state.stale | (state.superseded - state.taken)
+            drop = left_out(state)
             if len(parts) > 1 or drop:
                 entries[key] = _pruned(_without(_merged(parts), drop))
         except Exception as exc:  # noqa: BLE001 - the last package alone, as torch keeps it
@@ -57,6 +55,14 @@ def packages_merged(state: Any, cache: Any) -> None:
 
     PATCHES.replace(cache, "record_package", record_package,
                     "every wrapper of one function is one entry: the variants of each are merged, not the last kept")
+
+
+def left_out(state: Any) -> set[str]:
+    """The stored variants (by digest) left out of what this process writes: those refused here for a reason any
+    later process would give too (``state.stale``) or passed over in their own test (``state.superseded``), unless
+    taken here (a class one test rebound and another did not: the variant holds where it was traced)."""
+    left: set[str] = (state.stale | state.superseded) - state.taken
+    return left
 
 
 _SERIALS = itertools.count()

@@ -30,10 +30,11 @@ from .proofs import check_proofs, guards_digest, unpack_guards
 from .repairs import guards_state_loaded, numbering_past_name
 from .shapes import fits, note_again, notes_of
 
-# Refusals that any later process would make too, so the variant is not stored again from this one: a class's
-# definition is read from its source. A global or a local that names another object depends on the process (a test's
-# monkeypatch, the order in which a library fills a registry, the function a shared decorator's wrapper was called
-# with): such a variant is kept for the processes where it holds.
+# Refusals that any later process would make too, so the variant is not stored again from this one (unless it was
+# taken in this process too: a class one test rebound): a class's definition is read from its source. A global or a
+# local that names another object depends on the process (a test's monkeypatch, the order in which a library fills a
+# registry, the function a shared decorator's wrapper was called with): such a variant is kept for the processes
+# where it holds.
 PERSISTENT_REFUSALS = ("class_changed",)
 
 

@@ -240,6 +240,14 @@ class PatchedState(StableState):
     pass
 
 
+def uses_read_annotations_state(s):
+    return s.double + s.scale(2)
+
+
+class ReadAnnotationsState(StableState):  # one session reads its annotations: Python fills in an empty dict there
+    pass
+
+
 def deco(func):
     @functools.wraps(func)
     def wrapper(*args):
@@ -617,6 +625,13 @@ def test_class_method_rebound_by_monkeypatch(monkeypatch):
     if VARIANT == 2:  # the file is the same: torch's source checksums see no change, the class's digest does
         monkeypatch.setattr(edits.PatchedState, "scale", lambda self, k: self.a - k)
     same(torch.compile(edits.uses_patched_state), edits.uses_patched_state, edits.PatchedState(X))
+
+
+def test_a_class_whose_annotations_one_session_read():
+    if VARIANT == 1:  # the class's definition is the same; its namespace gains the empty dict in this session alone
+        assert edits.ReadAnnotationsState.__annotations__ == {}
+    same(torch.compile(edits.uses_read_annotations_state), edits.uses_read_annotations_state,
+         edits.ReadAnnotationsState(X))
 
 
 def test_class_in_local_scope():
@@ -1045,7 +1060,7 @@ class TestDynamoReuse:
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
             failed = [line for line in run.result.outlines if line.startswith(("FAILED", "ERROR"))]
-            assert ran == (58 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
+            assert ran == (59 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -1071,7 +1086,7 @@ class TestDynamoReuse:
                      "test_eager_backend", "test_a_non_leaf_input_shows_no_warning", "test_module_global_unchanged",
                      "test_closure_variable_unchanged", "test_default_argument_unchanged", "test_module_method_unchanged",
                      "test_a_configuration_patched_the_same_around_the_call", "test_a_warning_shown_while_traced",
-                     "test_torch_counters_after_a_first_compiled_call",
+                     "test_torch_counters_after_a_first_compiled_call", "test_a_class_whose_annotations_one_session_read",
                      *(("test_one_function_in_two_wrappers", "test_a_graph_break_traced_by_two_wrappers") if merged else ())):
             assert _compiles(cold, test) > 0 and _compiles(warm, test) == 0, test
             # torch's own record witnesses it, not the plugin's report: Dynamo traced no frame while the test ran warm

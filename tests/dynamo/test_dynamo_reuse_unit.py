@@ -414,6 +414,14 @@ def test_the_class_under_a_type_guard_is_proven_by_name_and_definition(monkeypat
         dp.check_proofs(_stored(proof), {}, {})
     assert rebound.value.reason == "class_changed"
     assert dp.prove_class("L['d']", type(vars(lib.State))) == {}  # mappingproxy: defined in C, nothing to prove
+    # what Python fills in where a class's annotations are first read is no other definition
+    plain = type("Plain", (), {"scale": lambda self, k: k})
+    from pytest_megacache.dynamo.objects import class_digest
+
+    before = class_digest(plain)
+    assert plain.__annotations__ == {} and class_digest(plain) == before
+    annotated = type("Plain", (), {"scale": plain.__dict__["scale"], "__annotations__": {"a": int}})
+    assert class_digest(annotated) != before
     with pytest.raises(dp.Refused):
         dp.prove_class("L['s']", lib.make_local_class())
 
@@ -1115,6 +1123,14 @@ def test_only_a_variant_refused_for_a_changed_class_is_left_out_of_what_the_proc
     edited = _offer("A", None)
     note_stale(stale, edited, dp.Refused("class_changed", "an edited method"))  # read from the source: refused again
     assert stale == {edited.digest}
+
+    from pytest_megacache.dynamo.merge import left_out
+
+    # what is written leaves out the stale and the superseded variants, but none taken in this process (a class one
+    # test rebinds and another does not: the variant traced under the rebound class is taken where it holds)
+    state = types.SimpleNamespace(stale={"edited", "rebound"}, superseded={"passed over", "taken later"},
+                                  taken={"rebound", "taken later", "other"})
+    assert left_out(state) == {"edited", "passed over"}
 
 
 @dataclasses.dataclass(frozen=True)
