@@ -11,7 +11,8 @@ its graph (no buffers donated: the entry torch itself stores for that key where 
 which serves a later backward of either kind), and torch's callback saves the entry. The forward, what the test
 runs, is not touched. What a test can see of the compile is put back (the random generators' states, torch's
 counters) or kept from it (warnings). Only graphs whose inputs have fixed shapes and whose tensors are all on the
-CPU (:data:`CHECKED_DEVICES`, where this was checked) are compiled here; the others as torch compiles them.
+CPU or on CUDA GPUs (:data:`CHECKED_DEVICES`, where this was checked) are compiled here; the others as torch compiles
+them.
 
 Paid from what reuse spared: a backward is compiled only while half the tracing spared by the variants taken from
 the store in this process (each records its trace's seconds without its backend's compile; half, as a first trace
@@ -195,7 +196,7 @@ def compiled_where_paid(torch: Any, compiler: Any, counted: Callable[[], None],
 
 # the devices whose graphs have their backwards compiled here: where what a test sees of it was checked (a graph
 # with a tensor elsewhere has its backward compiled where a test first calls backward(), as torch does)
-CHECKED_DEVICES = frozenset({"cpu"})
+CHECKED_DEVICES = frozenset({"cpu", "cuda"})
 
 
 def _eligible(torch: Any, placeholders: Any) -> bool:
