@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -237,8 +238,12 @@ class Deferred:
         if self.fn is None:
             with self.lock, LEDGER.spending():  # inside an offer: the offer's time
                 if self.fn is None:
-                    self.fn = self.artifact.after_deserialization()
-                    self.artifact = None
+                    started = time.perf_counter()
+                    try:
+                        self.fn = self.artifact.after_deserialization()
+                        self.artifact = None
+                    finally:
+                        LEDGER.loading += time.perf_counter() - started
         return self.fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

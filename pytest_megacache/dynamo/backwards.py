@@ -16,7 +16,9 @@ them.
 
 Paid from what reuse spared: a backward is compiled only while half the tracing spared by the variants taken from
 the store in this process (each records its trace's seconds without its backend's compile; half, as a first trace
-in a process runs slower than a later one) exceeds what reuse cost and what the backwards compiled so far took. A
+in a process runs slower than a later one) exceeds what reuse cost and what the backwards compiled so far took.
+Deserializing the stored compiled graphs is left out of that cost: a run without reuse loads the same graphs, in the
+backend's cache hits of the frames it traces again (on a GPU, loading their kernels is most of reuse's own time). A
 run with reuse is so not slower than one without for it (but by the one compile that overdraws), and a cold run,
 which takes nothing, compiles none: the backwards are compiled over the next warm runs, and their graphs stored then
 are taken after.
@@ -44,9 +46,10 @@ __all__ = ["CHECKED_DEVICES", "InlineBackward", "budget", "compiled_where_paid",
 
 
 def budget() -> float:
-    """The seconds left to compile backwards in: half the tracing that reuse spared here, less what reuse cost and
-    what the backwards compiled so far took."""
-    return LEDGER.spared_tracing / 2 - LEDGER.cost() - LEDGER.completing
+    """The seconds left to compile backwards in: half the tracing that reuse spared here, less what reuse cost (but
+    the stored graphs it deserialized, which a run without reuse loads too, in the backend's cache hits) and what the
+    backwards compiled so far took."""
+    return LEDGER.spared_tracing / 2 - (LEDGER.cost() - LEDGER.loading) - LEDGER.completing
 
 
 def _waiting(lazy: Any, lazy_info: Any, compiled_bw: Any, save: Any, bw_compiler: Any) -> bool:

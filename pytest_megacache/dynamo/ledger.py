@@ -30,6 +30,9 @@ class Ledger:
         self.spared = 0.0
         self.spared_tracing = 0.0  # of spared, what the variants' traces took without their backends' compiles
         self.completing = 0.0  # what compiling the backwards no test ran took here (.backwards)
+        # of the cost, stored compiled graphs deserialized (.backends.Deferred): what a run without reuse spends too,
+        # in the backend's cache hit for the frame it traces again
+        self.loading = 0.0
         self.offered = 0.0
         self.spans: list[tuple[float, float]] = []  # (start, end), perf_counter: loading and installing, outside offers
         self._inside = threading.local()  # an offer or a span under way on this thread: nested time is counted once

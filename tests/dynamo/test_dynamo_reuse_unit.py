@@ -1426,11 +1426,14 @@ def test_an_entrys_backends_are_deserialized_only_where_a_variant_calling_them_i
     scope = {name: _disabled(art.after_deserialization()) for name, art in handed.items() if name != "odd"}
     assert taken.deserialized == other.deserialized == 0
     code = compile("__compiled_fn_1(x)", "<variant>", "eval")
-    spans = len(ledger.LEDGER.spans)
+    spans, loading = len(ledger.LEDGER.spans), ledger.LEDGER.loading
     backends.made_ready(code, scope)
     backends.made_ready(code, scope)
     assert (taken.deserialized, other.deserialized) == (1, 0)
     assert len(ledger.LEDGER.spans) == spans + 1  # outside an offer: a span of its own
+    # the deserialization within it counted apart too (a run without reuse loads the graph in its cache hit)
+    start, end = ledger.LEDGER.spans[-1]
+    assert 0 < ledger.LEDGER.loading - loading <= end - start
     assert scope["__compiled_fn_1"](1) == 2 and scope["__compiled_fn_2"](1) == 2  # the other: where first called
     assert (taken.deserialized, other.deserialized) == (1, 1)
     with ledger.LEDGER.offering():  # inside an offer: the offer's time, no span
@@ -1614,10 +1617,15 @@ def test_a_backward_is_compiled_only_where_reuse_paid_for_it_and_its_inputs_are_
     held = types.SimpleNamespace(meta={"val": Tensor((Sym(),))})
     assert not backwards._eligible(fake, [held])
 
-    before = (LEDGER.spared_tracing, LEDGER.offered, list(LEDGER.spans), LEDGER.completing)
+    before = (LEDGER.spared_tracing, LEDGER.offered, list(LEDGER.spans), LEDGER.completing, LEDGER.loading)
     try:
         LEDGER.spared_tracing, LEDGER.offered, LEDGER.spans, LEDGER.completing = 4.0, 0.5, [], 0.5
+        LEDGER.loading = 0.0
         assert backwards.budget() == 1.0
+        # stored graphs deserialized are no cost of reuse's own here: a run without it loads them in its cache hits
+        LEDGER.spans, LEDGER.loading = [(10.0, 10.75)], 0.5
+        assert backwards.budget() == 0.75
+        LEDGER.spans, LEDGER.loading = [], 0.0
 
         class Compiler:
             def __init__(self, fails: bool = False) -> None:
@@ -1640,4 +1648,4 @@ def test_a_backward_is_compiled_only_where_reuse_paid_for_it_and_its_inputs_are_
             backwards._unseen = unseen  # type: ignore[assignment]
         assert counted == [1] and LEDGER.completing > 0.5
     finally:
-        LEDGER.spared_tracing, LEDGER.offered, LEDGER.spans, LEDGER.completing = before
+        LEDGER.spared_tracing, LEDGER.offered, LEDGER.spans, LEDGER.completing, LEDGER.loading = before
