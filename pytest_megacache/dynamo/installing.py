@@ -174,7 +174,7 @@ def defer(state: Any, package: Any, fn: Any, dynamo: Any, missing: str, backends
         return
     state.deferred[id(code)] = (code, fn, dynamo, backends, missing)
     codes = list(getattr(dynamo, "codes", ()))
-    kept = [len(code.guarded_codes) for code in installed.codes] if installed is not None else [None] * len(codes)
+    kept = [len(part.guarded_codes) for part in installed.codes] if installed is not None else [None] * len(codes)
     for entry, count in zip(codes, kept, strict=True):
         if not entry.guarded_codes or getattr(entry, "bypassed", False) is True or count == len(entry.guarded_codes):
             continue

@@ -123,6 +123,8 @@ def _member_text(value: object) -> str:
 
 # (``__slotnames__`` is copyreg's cache, set on a class when an instance is first pickled.)
 _SKIPPED_MEMBERS = frozenset({"__doc__", "__dict__", "__weakref__", "__module__", "__qualname__", "__slotnames__"})
+
+
 # Members Python puts into a class's namespace where its annotations are first read, not where it is defined: an
 # empty ``__annotations__`` (3.10-3.13, for a class that has none) and 3.14's ``__annotations_cache__`` (what its
 # ``__annotate__`` gave) and ``__annotate_func__`` (None for a class that has none). A test that reads them would
@@ -131,6 +133,8 @@ def _filled_when_read(name: str, value: object) -> bool:
     if name == "__annotations__":
         return type(value) is dict and not value
     return name == "__annotations_cache__" or (name == "__annotate_func__" and value is None)
+
+
 _CLASS_DIGESTS: dict[int, tuple[type, tuple[int, ...], str]] = {}
 
 
