@@ -244,6 +244,9 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # fails the test. Such a graph gets no entry (as without the option, where it has no FX-graph key to store);
     # its frame has no stored backend then, and is traced in a later run.
     repairs.bundling_fails_open(state)
+    # A GPU graph loaded from Inductor's cache had its bundled kernels launched in place, and could not be bundled into
+    # the AOTAutograd entry saved where its backward compiles: such a forward was traced again in every run.
+    repairs.bundled_kernels_left_unlaunched()
     # torch 2.11 stores guards on a function's default values in a form it cannot load again.
     repairs.sources_unpickle(torch)
     # torch writes none of a code's variants where one lacks its compiled graph's backend: the others are written.

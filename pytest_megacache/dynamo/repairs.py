@@ -12,12 +12,15 @@ the form it was written against (else nothing of it is changed).
   written (and counted), instead of every variant of its code.
 - :func:`module_globals_by_name`: output code that makes a function (Dynamo loads the function's module globals as a
   constant) is written with the module's name in place of its globals, instead of not at all.
+- :func:`bundled_kernels_left_unlaunched`: the GPU kernels of a compiled graph loaded from Inductor's cache run as
+  copies, so that the graph can still be bundled into an AOTAutograd entry after they ran.
 - :func:`guards_state_loaded`: a stored guard state whose module's own ``__setstate__`` fails on what torch left out
   of it loads with each module's state put in place as ``torch.nn.Module`` does.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import io
@@ -65,6 +68,46 @@ def bundling_fails_open(state: Any) -> None:
     PATCHES.replace(cache, "make_entry", staticmethod(make_entry_or_none),
                     "a graph whose code is not Inductor's output gets no AOTAutograd entry, as without the option")
     PATCHES.replace(cache, "save", staticmethod(save_entry), "an entry not made is not saved")
+
+
+def bundled_kernels_left_unlaunched(bundler: Any = None) -> None:
+    """Where Inductor loads a compiled graph from its cache, it hands the graph's statically launched GPU kernels (its
+    Triton bundle's) to the kernel cache as they are, and the module that runs them makes their launchers on those
+    very objects. Under caching precompile the graph is bundled, whole, into its AOTAutograd entry, which torch saves
+    only where the graph's backward is compiled: a kernel with launchers does not pickle ("pickle should not be
+    called with after make_launchers()"), and torch stores no entry. A forward that a warm run loads from Inductor's
+    cache and whose backward it compiles (a graph no earlier run stored, a forward-only one) was so never stored on
+    a GPU, and its frame traced in every run. Here the kernel cache gets copies of the bundle's kernels (what
+    unpickling them once more gives), which run as the bundle's own would, and the bundle keeps the kernels as
+    Inductor stored them: what is bundled is what was loaded. ``bundler``: torch's ``TritonBundler`` (imported where
+    not given)."""
+    if bundler is None:
+        try:
+            from torch._inductor.triton_bundler import TritonBundler as bundler
+        except Exception:  # noqa: BLE001
+            return
+    own = vars(bundler).get("load_autotuners") if isinstance(bundler, type) else None
+    if not isinstance(own, classmethod):
+        return
+    load = own.__func__
+
+    @functools.wraps(load)
+    def load_copies(cls: Any, static_autotuners: Any) -> Any:
+        return load(cls, running_copies(static_autotuners))
+
+    PATCHES.replace(bundler, "load_autotuners", classmethod(load_copies),
+                    "a graph loaded from Inductor's cache runs copies of its bundled kernels and can still be bundled")
+
+
+def running_copies(static_autotuners: Any) -> Any:
+    """Each of a Triton bundle's statically launched kernels (torch's ``StaticallyLaunchedAutotuner``) with a copy of
+    its kernel, to be handed to the kernel cache; the bundle as it is where one does not copy (torch's own way then)."""
+    if not static_autotuners:
+        return static_autotuners
+    try:
+        return [dataclasses.replace(each, kernel=copy.deepcopy(each.kernel)) for each in static_autotuners]
+    except Exception:  # noqa: BLE001
+        return static_autotuners
 
 
 def inlined_sources_once(package: Any) -> None:

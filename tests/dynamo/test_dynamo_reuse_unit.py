@@ -1649,3 +1649,60 @@ def test_a_backward_is_compiled_only_where_reuse_paid_for_it_and_its_inputs_are_
         assert counted == [1] and LEDGER.completing > 0.5
     finally:
         LEDGER.spared_tracing, LEDGER.offered, LEDGER.spans, LEDGER.completing, LEDGER.loading = before
+
+
+class _Kernel:  # torch's CachingAutotuner, as much of it as pickling reads
+    def __init__(self, name: str) -> None:
+        self.name, self.launchers = name, []
+
+    def __getstate__(self) -> dict[str, Any]:
+        assert not self.launchers, "pickle should not be called with after make_launchers()"
+        return dict(self.__dict__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _StaticKernel:  # torch's StaticallyLaunchedAutotuner
+    cache_key: str
+    kernel_name: str
+    kernel: _Kernel
+
+
+def test_a_graph_loaded_from_inductors_cache_runs_copies_of_its_bundled_kernels() -> None:
+    """The kernel cache gets copies of a bundle's kernels: launching them leaves the bundle picklable (torch's own way
+    left a forward loaded from Inductor's cache unbundled, its AOTAutograd entry never saved)."""
+    from pytest_megacache.dynamo.patches import PATCHES
+
+    handed: list[Any] = []
+
+    class Bundler:
+        @classmethod
+        def load_autotuners(cls, static_autotuners: Any) -> list[str]:
+            handed.extend(static_autotuners or ())
+            return [each.kernel_name for each in static_autotuners or ()]
+
+    bundle = [_StaticKernel("k1", "triton_poi_0", _Kernel("a")), _StaticKernel("k2", "triton_red_1", _Kernel("b"))]
+    Bundler.load_autotuners(bundle)
+    handed[0].kernel.launchers.append("launched")  # torch's own way: the bundle's kernel runs
+    with pytest.raises(AssertionError, match="make_launchers"):
+        pickle.dumps(bundle)
+    bundle[0].kernel.launchers.clear()
+    handed.clear()
+    dynamo_repairs.bundled_kernels_left_unlaunched(Bundler)
+    try:
+        assert Bundler.load_autotuners(bundle) == ["triton_poi_0", "triton_red_1"]
+        assert [each.cache_key for each in handed] == ["k1", "k2"]
+        assert all(ran.kernel is not kept.kernel and ran.kernel.name == kept.kernel.name
+                   for ran, kept in zip(handed, bundle, strict=True))
+        for ran in handed:
+            ran.kernel.launchers.append("launched")
+        assert [each.kernel.name for each in pickle.loads(pickle.dumps(bundle))] == ["a", "b"]
+        assert Bundler.load_autotuners(None) == [] and Bundler.load_autotuners([]) == []
+        # a kernel that does not copy is handed as it is, as torch does
+        odd = [_StaticKernel("k3", "triton_poi_2", _Kernel("c"))]
+        odd[0].kernel.launchers.append("launched")
+        handed.clear()
+        Bundler.load_autotuners(odd)
+        assert handed[0] is odd[0]
+    finally:
+        assert PATCHES.remove(Bundler, "load_autotuners")
+    assert "load_autotuners" in vars(Bundler) and Bundler.load_autotuners([]) == []
