@@ -239,13 +239,10 @@ def _wrap(state: _Reuse, torch: Any, package: Any, guards: Any, bytecode_transfo
     # tests): what it records of one code object is kept for the process.
     repairs.inlined_sources_once(package)
     repairs.inlined_sources_shared(cache)  # and a stored entry's texts of modules, held once per process
-    # With caching precompile torch bundles every AOTAutograd entry with its compiled code, and asserts when a
-    # graph's code is not Inductor's output (seen on an H100 training step: "expected OutputCode, got method"), which
-    # fails the test. Such a graph gets no entry (as without the option, where it has no FX-graph key to store);
-    # its frame has no stored backend then, and is traced in a later run.
+    # With caching precompile torch bundles every AOTAutograd entry with its compiled code: a graph whose code is not
+    # Inductor's output (an H100 training step: "expected OutputCode, got method") gets no entry instead of failing the
+    # test, as without the option; a GPU graph loaded from Inductor's cache keeps its bundled kernels unlaunched.
     repairs.bundling_fails_open(state)
-    # A GPU graph loaded from Inductor's cache had its bundled kernels launched in place, and could not be bundled into
-    # the AOTAutograd entry saved where its backward compiles: such a forward was traced again in every run.
     repairs.bundled_kernels_left_unlaunched()
     # torch 2.11 stores guards on a function's default values in a form it cannot load again.
     repairs.sources_unpickle(torch)
