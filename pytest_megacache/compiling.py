@@ -15,6 +15,7 @@ import pytest
 
 from . import dynamo, isaprobe
 from .context import Context, Reuse
+from .importhook import AfterImports, initializing
 from .report import TritonWatch, triton_figures
 from .roles import Role
 from .torch_adapter import PostImportHook, TorchAdapter
@@ -32,7 +33,7 @@ class Compiling(Role):
         self.adapter = TorchAdapter(self._on_first_compile)
         self._torch_hook: PostImportHook | None = None
         self._isa_hook: PostImportHook | None = None
-        self._dynamo_hook: PostImportHook | None = None
+        self._dynamo_hook: PostImportHook | AfterImports | None = None
         self._start_lock = threading.Lock()
         self.triton = TritonWatch()  # Triton's kernels loaded from its cache vs compiled, once Triton is imported
         self.triton.install()
@@ -69,6 +70,14 @@ class Compiling(Role):
                 sys.meta_path.insert(0, self._dynamo_hook)
 
     def _reuse_dynamo(self) -> None:
+        # torch._dynamo imported from inside another import of torch's own (a Triton op defined where a module is
+        # imported imports it half way through torch._inductor's modules): some of torch's modules that reuse wraps
+        # cannot be imported yet. Reuse is turned on once those imports are over: at the next import, or before the
+        # next test, whichever comes first (a function wrapped in between is compiled as without reuse).
+        if under_way := initializing("torch", besides="torch._dynamo"):
+            self._dynamo_hook = AfterImports(under_way, self._reuse_dynamo)
+            sys.meta_path.insert(0, self._dynamo_hook)
+            return
         with self.contained("turning Dynamo reuse on"):
             if why_not := TorchAdapter.enable_precompile(str(self.config.rootpath), self.ctx.reuse.asked):
                 self.ctx.reuse = Reuse(False, why_not, self.ctx.reuse.asked)
@@ -122,6 +131,8 @@ class Compiling(Role):
                 # first launch) in a process that has imported torch. Paid once: later waits return at once.
                 # (Child processes wait by themselves when they import torch: children.)
                 self.session.wait_restore()
+            if isinstance(self._dynamo_hook, AfterImports):
+                self._dynamo_hook.poll()  # reuse waiting for torch's imports to be over (_reuse_dynamo)
             self.adapter.ensure_registered()
             self.adapter.begin_test(item.nodeid)
         try:

@@ -1,4 +1,5 @@
-"""A post-import hook: a callback with a module once it is imported (torch, Triton, torch's ``cpu_vec_isa``).
+"""A post-import hook: a callback with a module once it is imported (torch, Triton, torch's ``cpu_vec_isa``); and
+:class:`AfterImports`, a callback once imports under way are over.
 
 Imports only the standard library (what ``import torch`` imports anyway): a child process arms one at its first
 ``import torch`` (:func:`.isaprobe.arm_child`) without importing the plugin's torch machinery.
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["PostImportHook"]
+__all__ = ["AfterImports", "PostImportHook", "initializing"]
 
 
 class _NotifyingLoader(importlib.abc.Loader):
@@ -72,6 +73,51 @@ class PostImportHook(importlib.abc.MetaPathFinder):
     def _imported(self, module: ModuleType) -> None:
         self.remove()
         self.after(module)
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+def initializing(package: str, besides: str = "") -> list[str]:
+    """The modules of ``package`` (the package and those below it), but ``besides``, whose import is under way: their
+    code is running (the mark CPython's import system keeps on a module's spec meanwhile), as where one of them
+    imported the module whose import hook calls this."""
+    below = package + "."
+    return [name for name, module in list(sys.modules.items())
+            if (name == package or name.startswith(below)) and name != besides and _under_way(module)]
+
+
+def _under_way(module: Any) -> bool:
+    return getattr(getattr(module, "__spec__", None), "_initializing", False) is True
+
+
+class AfterImports(importlib.abc.MetaPathFinder):
+    """Calls ``after`` once none of the modules ``names`` is being imported any more: at the first import looked up
+    after that (it imports nothing itself), or where :meth:`poll` is called; then leaves ``sys.meta_path``."""
+
+    def __init__(self, names: list[str], after: Callable[[], None]) -> None:
+        self.names = list(names)
+        self.after = after
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
+                  ) -> importlib.machinery.ModuleSpec | None:
+        self.poll()
+        return None
+
+    def over(self) -> bool:
+        """Whether the imports waited for are over."""
+        return not any(_under_way(sys.modules.get(name)) for name in self.names)
+
+    def poll(self) -> bool:
+        """``after`` called (once) where the imports waited for are over; whether it was."""
+        if self not in sys.meta_path or not self.over():
+            return False
+        self.remove()
+        self.after()
+        return True
 
     def remove(self) -> None:
         try:

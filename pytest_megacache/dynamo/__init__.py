@@ -41,6 +41,7 @@ like torch's) say what was reused, traced, stored and refused, and why.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 from . import repairs
@@ -73,6 +74,12 @@ __all__ = ["CHECKED_RELEASES", "COUNTERS", "MERGED_RELEASES", "before_first_load
            "refused_frames", "release_checked", "set_test", "spared_seconds", "spared_tracing_seconds", "uninstall",
            "used_entries"]
 
+# torch's modules that the wrappers patch or read besides those install() imports itself: imported first, so that
+# reuse is installed whole or not at all (imported from inside another import of torch's own, one of them can fail
+# half initialized, and the repair that reads it would be left out while caching precompile is on)
+WRAPPED_MODULES = ("torch._dynamo.convert_frame", "torch._dynamo.output_graph",
+                   "torch._functorch._aot_autograd.autograd_cache", "torch._functorch._aot_autograd.runtime_wrappers",
+                   "torch._inductor.triton_bundler")
 COUNTER_GROUP = "dynamo_reuse"
 MAX_FRAMES = 200  # frames named with their refusal in a report
 REFUSALS = ("code_changed", "collision", "unsupported_guard", "unsupported_backend", "unpicklable", "global_changed",
@@ -181,6 +188,12 @@ def install(rootdir: str, any_backend: bool = True) -> str | None:
         import torch._dynamo.package as package
         import torch._dynamo.pgo as pgo
         import torch._dynamo.precompile_context as precompile_context
+
+        for name in WRAPPED_MODULES:
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError:
+                pass  # not in this torch: what reuse wraps there is left as it is
     except Exception as exc:  # noqa: BLE001
         return f"torch's caching precompile did not import: {type(exc).__name__}: {exc}"
     if _STATE is not None:
@@ -195,7 +208,11 @@ def install(rootdir: str, any_backend: bool = True) -> str | None:
     if missing or not hasattr(guards.CheckFunctionManager, "serialize_guards"):
         return f"this torch's caching precompile has another form (no {', '.join(missing) or 'serialize_guards'})"
     state = _Reuse(rootdir, any_backend)
-    _wrap(state, torch, package, guards, bytecode_transformation, pgo)
+    try:
+        _wrap(state, torch, package, guards, bytecode_transformation, pgo)
+    except Exception as exc:  # noqa: BLE001 - whole or not at all: torch's own pieces back, caching precompile off
+        PATCHES.remove_all()
+        return f"Dynamo reuse could not wrap torch's caching precompile: {type(exc).__name__}: {exc}"
     dynamo_config.caching_precompile = True
     _STATE = state
     bookkeeping_quiet()

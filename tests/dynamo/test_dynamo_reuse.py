@@ -511,6 +511,7 @@ import warnings
 
 import pytest
 import torch
+import torch._inductor.config  # first, as a suite that sets Inductor's options: Dynamo is imported half way through it
 import torch._dynamo.testing
 
 import calc_a
@@ -729,6 +730,15 @@ def test_a_forward_whose_backward_never_runs(monkeypatch):  # torch stores no co
     x = X.clone().requires_grad_()
     assert torch._dynamo.explain(edits.forward_only)(x).graph_count == 1  # its explanation's variant is stored
     same(torch.compile(edits.forward_only), edits.forward_only, x)
+
+
+def detached(x):
+    return x.detach()
+
+
+def test_a_graph_inductor_returns_uncompiled():  # torch asserts where it bundles its AOTAutograd entry
+    x = X.clone().requires_grad_()
+    assert torch.equal(torch.compile(detached)(x), x.detach())
 
 
 @pytest.mark.skipif(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 12),
@@ -1060,7 +1070,7 @@ class TestDynamoReuse:
             outcomes = run.result.parseoutcomes()
             ran = (outcomes.get("passed", 0), outcomes.get("skipped", 0), outcomes.get("failed", 0))
             failed = [line for line in run.result.outlines if line.startswith(("FAILED", "ERROR"))]
-            assert ran == (59 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
+            assert ran == (60 - skipped, skipped, 0), (name, failed, run.result.outlines[-80:])
             assert run.megacache_warnings() == [], (name, run.megacache_warnings())
 
     def test_the_cold_session_stores_entries(self, reuse_chain: ReuseChain) -> None:
@@ -1179,6 +1189,21 @@ class TestDynamoReuse:
         assert (_compiles(cold, "test_one_variant_of_two_corrupted"),
                 _compiles(warm, "test_one_variant_of_two_corrupted")) == (2, 1)
         assert _counters(warm)["dynamo_refused_torch_error"] >= 1
+
+    def test_reuse_is_installed_whole_where_dynamo_is_first_imported_inside_inductors_modules(
+            self, reuse_chain: ReuseChain) -> None:
+        """The sessions' test module imports Inductor's config before anything imports Dynamo, as a suite that sets
+        Inductor's options does: Dynamo is first imported half way through Inductor's modules, where some of the
+        modules reuse wraps cannot be imported yet. Reuse is turned on once that import is over, whole: a graph
+        Inductor returns uncompiled, whose AOTAutograd entry torch cannot bundle, gets no entry (torch's assertion
+        is a refusal) and its test passes, cold and warm. Installed half way, reuse lacked that repair and the
+        assertion failed the test."""
+        for name in ("cold", "warm"):
+            run = reuse_chain.runs[name]
+            assert run.report is not None and run.report["settings"]["dynamo_reuse"]["on"] is True, name
+            frames = run.report["torch"]["dynamo_refused_frames"]
+            assert [why for frame, why in frames.items() if frame.startswith("detached ")] \
+                == ["no_backend, none stored, torch_error"], (name, frames)
 
     def test_a_frame_torch_stored_no_graph_for_is_counted_and_traced_then_its_backward_compiled(
             self, reuse_chain: ReuseChain) -> None:
@@ -1468,6 +1493,34 @@ for _ in range(2):  # and again after removal
             if (vars(owner).get(name) is not original if original is not None else name in vars(owner))] == []
     assert [vars(owner)[name] for owner, name in ours] == before and not torch._dynamo.config.caching_precompile
 
+# Whole or not at all: a module reuse wraps that does not import (half initialized), or a wrapper that fails half way,
+# leaves torch's own pieces and caching precompile off, and says why.
+import importlib
+
+from pytest_megacache.dynamo import repairs
+
+import_module = importlib.import_module
+
+
+def half_initialized(name, *args):
+    if name == "torch._inductor.triton_bundler":
+        raise ImportError("cannot import name 'X' from partially initialized module (a circular import)")
+    return import_module(name, *args)
+
+
+importlib.import_module = half_initialized
+why = dynamo.install(".")
+importlib.import_module = import_module
+assert why is not None and "did not import" in why and len(PATCHES) == 0, why
+assert not torch._dynamo.config.caching_precompile
+sources_unpickle = repairs.sources_unpickle
+repairs.sources_unpickle = lambda torch: 1 / 0  # after a dozen patches are in place
+why = dynamo.install(".")
+repairs.sources_unpickle = sources_unpickle
+assert why is not None and "ZeroDivisionError" in why and len(PATCHES) == 0, why
+assert [vars(owner)[name] for owner, name in ours] == before and not torch._dynamo.config.caching_precompile
+assert dynamo.install(".") is None and dynamo.uninstall() > 20
+
 # The plugin's other patches (pytest_megacache.patches), put in place as a session does and removed: torch's own
 # callback lists (with a callback registered meanwhile), config values and vector-ISA subprocess again.
 import subprocess
@@ -1573,7 +1626,8 @@ def test_a_loaded_entrys_backends_are_recorded_only_where_it_is_written(tmp_path
     a suite that wraps a function anew in each test loads its entry each time. A loaded backend is not copied: where
     an entry calling it is made up for writing, the stored entry holding it is read again (once), and an entry as it
     was installed is not made up at all; a backend a compile records is recorded as torch records it. Then reuse
-    is installed and removed twice: each time every function of torch it replaced is torch's own again; and the
+    is installed and removed twice: each time every function of torch it replaced is torch's own again, and an install
+    that cannot import or wrap one of torch's pieces leaves none replaced and says why; and the
     plugin's other patches (compile callbacks, config flags, the vector-ISA check) too. A guard state whose module's
     ``__setstate__`` fails on what torch left out loads again. (In a process of its own: torch's state.)"""
     import os
