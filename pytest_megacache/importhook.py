@@ -47,7 +47,17 @@ class _NotifyingLoader(importlib.abc.Loader):
         return getattr(self.inner, name)
 
 
-class PostImportHook(importlib.abc.MetaPathFinder):
+class _OnMetaPath(importlib.abc.MetaPathFinder):
+    """A finder that leaves ``sys.meta_path`` by itself (:meth:`remove`, at most once)."""
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+class PostImportHook(_OnMetaPath):
     """Calls ``after`` with the module ``fullname`` once it is imported, then leaves ``sys.meta_path``. A lookup
     that imports nothing (``importlib.util.find_spec``, as torch and this plugin ask whether Triton is installed)
     leaves it in place for the import that follows. Several hooks on one module all see its import: the first one
@@ -74,12 +84,6 @@ class PostImportHook(importlib.abc.MetaPathFinder):
         self.remove()
         self.after(module)
 
-    def remove(self) -> None:
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-
 
 def initializing(package: str, besides: str = "") -> list[str]:
     """The modules of ``package`` (the package and those below it), but ``besides``, whose import is under way: their
@@ -94,7 +98,7 @@ def _under_way(module: Any) -> bool:
     return getattr(getattr(module, "__spec__", None), "_initializing", False) is True
 
 
-class AfterImports(importlib.abc.MetaPathFinder):
+class AfterImports(_OnMetaPath):
     """Calls ``after`` once none of the modules ``names`` is being imported any more: at the first import looked up
     after that (it imports nothing itself), or where :meth:`poll` is called; then leaves ``sys.meta_path``."""
 
@@ -118,9 +122,3 @@ class AfterImports(importlib.abc.MetaPathFinder):
         self.remove()
         self.after()
         return True
-
-    def remove(self) -> None:
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
