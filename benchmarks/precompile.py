@@ -258,6 +258,8 @@ class Run:
     phases: dict[str, float] = field(default_factory=dict)  # the main process's phases (the report's "processes")
     peak_mb: float | None = None  # the pytest process's peak resident memory
     missed: dict[str, dict[str, int]] = field(default_factory=dict)  # test -> its miss counters, tests with any miss
+    traced_frames: dict[str, list[str]] = field(default_factory=dict)  # a frame reuse left traced -> why (the report's)
+    refusals: dict[str, str] = field(default_factory=dict)  # refusal reason -> the first detail the report gives
     problems: list[str] = field(default_factory=list)
     tail: str = ""
     earlier: bool = False  # read back from an earlier invocation's --work records
@@ -325,6 +327,9 @@ def read_report(path: Path, run: Run) -> None:
         misses = {k: int(v) for k, v in (rec.get("counters") or {}).items() if k in MISS_NAMES and v}
         if misses:
             run.missed[str(nodeid)] = misses
+    run.traced_frames = {str(k): [str(w) for w in v] if isinstance(v, list) else [str(v)]
+                         for k, v in (torch_part.get("dynamo_refused_frames") or {}).items()}
+    run.refusals = {str(k): str(v) for k, v in (torch_part.get("dynamo_refusals") or {}).items()}
     run.new_entries = dict((doc.get("upload") or {}).get("new_entries") or {})
     run.loaded = dict((doc.get("load") or {}).get("artifacts") or {})
     run.problems.extend(str(p) for p in doc.get("problems") or [])
@@ -517,6 +522,15 @@ def print_saved(by_mode: dict[str, list[Run]]) -> None:
               f"{warm}'s compile and reuse seconds)" + (f": claimed/spared {claimed / spared:.2f}" if spared > 0 else ""))
 
 
+def print_traced(last: list[Run]) -> None:
+    """Each frame the last run of a mode left traced, with its reasons, and the first detail of each refusal."""
+    for r in last:
+        for frame, why in sorted(r.traced_frames.items()):
+            print(f"  traced: {frame}: {', '.join(why)}")
+        for reason, detail in sorted(r.refusals.items()):
+            print(f"  {reason}, first seen: {detail}")
+
+
 def table(wl: str, runs: list[Run], repeats: int) -> None:
     mine = [r for r in runs if r.workload == wl]
     by_mode = {mode: [r for r in mine if r.mode == mode and valid(mine, r)] for mode in MODES}
@@ -564,6 +578,7 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
             if n:
                 refused[name.removeprefix("dynamo_refused_")] = n
         print(f"{mode} refusals: {', '.join(f'{k} {v:g}' for k, v in refused.items()) or 'none'}")
+        print_traced(by_mode[mode][-1:])
     print(f"warm-pc/warm: compile seconds {ratio('warm-pc', 'warm', lambda r: r.compile_seconds)}, "
           f"Dynamo seconds {ratio('warm-pc', 'warm', lambda r: r.dynamo_seconds)}, "
           f"session wall {ratio('warm-pc', 'warm', lambda r: r.wall)}")

@@ -4,6 +4,7 @@ on hand-made run records, so a wrong PASS cannot hide in the published tables. N
 from __future__ import annotations
 
 import ast
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -213,9 +214,20 @@ def test_precompile_records_kept_in_a_work_folder_come_back_marked_and_a_mode_ru
     assert pc.valid([*earlier, warm], warm) and not pc.valid([warm], warm)
     again = pc.kept_runs(tmp_path, [pc.Run("suite", "warm-pc", 0, wall=30.0, passed=3)])
     assert [(r.mode, r.wall) for r in again] == [("cold-pc", 100.0)]  # the first warm-pc record was replaced
+    # the frames a warm run left traced are named with the report's reasons, and the first detail of each refusal
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"enabled": True, "torch": {
+        "counters": {"dynamo_refused_unsupported_guard": 2},
+        "dynamo_refused_frames": {"forward (m.py:3)": ["no_backend", "unsupported_guard"], "step (m.py:9)": "none stored"},
+        "dynamo_refusals": {"unsupported_guard": "an identity guard on L['self'].op, which has no stable name"}}}))
+    pc.read_report(report, warm)
     pc.table("suite", [*again, warm], 1)
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("cold-pc* ") for line in lines) and any(line.startswith("warm-pc  ") for line in lines)
+    assert "warm-pc refusals: unsupported_guard 2" in lines
+    assert "  traced: forward (m.py:3): no_backend, unsupported_guard" in lines
+    assert "  traced: step (m.py:9): none stored" in lines
+    assert "  unsupported_guard, first seen: an identity guard on L['self'].op, which has no stable name" in lines
 
 
 def test_precompile_measures_each_runs_peak_memory_and_each_chains_seconds_saved_against_its_own_cold_run(
