@@ -258,7 +258,7 @@ class Run:
     phases: dict[str, float] = field(default_factory=dict)  # the main process's phases (the report's "processes")
     peak_mb: float | None = None  # the pytest process's peak resident memory
     missed: dict[str, dict[str, int]] = field(default_factory=dict)  # test -> its miss counters, tests with any miss
-    traced_frames: dict[str, list[str]] = field(default_factory=dict)  # a frame reuse left traced -> why (the report's)
+    traced_frames: dict[str, str] = field(default_factory=dict)  # a frame reuse left traced -> why (the report's)
     refusals: dict[str, str] = field(default_factory=dict)  # refusal reason -> the first detail the report gives
     problems: list[str] = field(default_factory=list)
     tail: str = ""
@@ -327,8 +327,7 @@ def read_report(path: Path, run: Run) -> None:
         misses = {k: int(v) for k, v in (rec.get("counters") or {}).items() if k in MISS_NAMES and v}
         if misses:
             run.missed[str(nodeid)] = misses
-    run.traced_frames = {str(k): [str(w) for w in v] if isinstance(v, list) else [str(v)]
-                         for k, v in (torch_part.get("dynamo_refused_frames") or {}).items()}
+    run.traced_frames = {str(k): str(v) for k, v in (torch_part.get("dynamo_refused_frames") or {}).items()}
     run.refusals = {str(k): str(v) for k, v in (torch_part.get("dynamo_refusals") or {}).items()}
     run.new_entries = dict((doc.get("upload") or {}).get("new_entries") or {})
     run.loaded = dict((doc.get("load") or {}).get("artifacts") or {})
@@ -522,13 +521,12 @@ def print_saved(by_mode: dict[str, list[Run]]) -> None:
               f"{warm}'s compile and reuse seconds)" + (f": claimed/spared {claimed / spared:.2f}" if spared > 0 else ""))
 
 
-def print_traced(last: list[Run]) -> None:
-    """Each frame the last run of a mode left traced, with its reasons, and the first detail of each refusal."""
-    for r in last:
-        for frame, why in sorted(r.traced_frames.items()):
-            print(f"  traced: {frame}: {', '.join(why)}")
-        for reason, detail in sorted(r.refusals.items()):
-            print(f"  {reason}, first seen: {detail}")
+def print_traced(r: Run) -> None:
+    """Each frame the run ``r`` left traced, with its reasons, and the first detail of each refusal."""
+    for frame, why in sorted(r.traced_frames.items()):
+        print(f"  traced: {frame}: {why}")
+    for reason, detail in sorted(r.refusals.items()):
+        print(f"  {reason}, first seen: {detail}")
 
 
 def table(wl: str, runs: list[Run], repeats: int) -> None:
@@ -578,7 +576,8 @@ def table(wl: str, runs: list[Run], repeats: int) -> None:
             if n:
                 refused[name.removeprefix("dynamo_refused_")] = n
         print(f"{mode} refusals: {', '.join(f'{k} {v:g}' for k, v in refused.items()) or 'none'}")
-        print_traced(by_mode[mode][-1:])
+        if by_mode[mode]:
+            print_traced(by_mode[mode][-1])  # the last run of the mode
     print(f"warm-pc/warm: compile seconds {ratio('warm-pc', 'warm', lambda r: r.compile_seconds)}, "
           f"Dynamo seconds {ratio('warm-pc', 'warm', lambda r: r.dynamo_seconds)}, "
           f"session wall {ratio('warm-pc', 'warm', lambda r: r.wall)}")

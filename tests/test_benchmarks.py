@@ -218,7 +218,7 @@ def test_precompile_records_kept_in_a_work_folder_come_back_marked_and_a_mode_ru
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"enabled": True, "torch": {
         "counters": {"dynamo_refused_unsupported_guard": 2},
-        "dynamo_refused_frames": {"forward (m.py:3)": ["no_backend", "unsupported_guard"], "step (m.py:9)": "none stored"},
+        "dynamo_refused_frames": {"forward (m.py:3)": "no_backend, unsupported_guard", "step (m.py:9)": "none stored"},
         "dynamo_refusals": {"unsupported_guard": "an identity guard on L['self'].op, which has no stable name"}}}))
     pc.read_report(report, warm)
     pc.table("suite", [*again, warm], 1)
